@@ -1,0 +1,61 @@
+# claimscope — see README.md. Every target installs what it needs on a bare Debian machine.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+UV := $(VENV)/bin/uv
+UV_VERSION := 0.13.9
+HOST ?= 127.0.0.1
+PORT ?= 8000
+
+.PHONY: help venv venv-dev demo test lint typecheck unit services services-stop cluster controlplane clean
+
+help:
+	@echo "make demo   - install and start the dashboard on http://$(HOST):$(PORT)/ (SQLite, simulated fleet)"
+	@echo "make test   - install PostgreSQL, Redis, Chromium and the Kubernetes control plane; lint and test"
+	@echo "make lint   - ruff (lint + format check) and mypy"
+	@echo "make cluster - start the test Kubernetes control plane in the foreground (Ctrl-C stops it)"
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(UV): | $(VENV)/bin/python
+	$(VENV)/bin/pip install -q "uv==$(UV_VERSION)"
+
+# The lock files pin every package: a fresh machine installs exactly the tested set.
+$(VENV)/.base: requirements/base.txt | $(UV)
+	$(UV) pip install -q --python $(PY) -r requirements/base.txt
+	touch $@
+
+$(VENV)/.dev: requirements/base.txt requirements/dev.txt | $(UV)
+	$(UV) pip install -q --python $(PY) -r requirements/base.txt -r requirements/dev.txt
+	touch $@
+
+venv: $(VENV)/.base
+venv-dev: $(VENV)/.dev
+
+demo: venv
+	@$(PY) manage.py demo --host $(HOST) --port $(PORT)
+
+services:
+	@scripts/services.sh start
+
+services-stop:
+	@scripts/services.sh stop
+
+controlplane:
+	bash tests/controlplane/build.sh
+
+cluster: venv-dev controlplane
+	$(PY) -m tests.controlplane.launcher
+
+lint: venv-dev
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy .
+
+test: venv-dev
+	scripts/test.sh
+
+clean:
+	rm -rf $(VENV) .run .artifacts .mypy_cache .ruff_cache .pytest_cache

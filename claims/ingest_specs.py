@@ -1,0 +1,99 @@
+"""How the claim kinds are stored: registered with ``fleet.ingest`` when the claims app loads."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from claims.models import DeviceAllocation, Pod, ResourceClaim, ResourceClaimTemplate, SchedulingEvent
+from fleet.ingest import ChildSpec, TableSpec, register
+from fleet.normalize import ClaimRecord, EventRecord, PodRecord, TemplateRecord
+
+NAMESPACED = ("namespace", "name")
+
+
+def _claim_row(r: ClaimRecord) -> dict[str, Any]:
+    return {
+        "state": r.state,
+        "requests": [req.as_dict() for req in r.spec.requests],
+        "constraints": r.spec.constraints,
+        "reserved_for": r.reserved_for,
+        "node_name": r.node_name,
+        "owner_pod_uid": r.owner_pod_uid,
+        "owner_pod_name": r.owner_pod_name,
+        "pod_claim_name": r.pod_claim_name,
+        "allocated_at": r.allocated_at,
+        "deleted_at": r.meta.deleted_at,
+    }
+
+
+def _allocation_rows(r: ClaimRecord) -> list[dict[str, Any]]:
+    return [
+        {
+            "claim_uid": r.meta.uid,
+            "request": a.request,
+            "driver": a.driver,
+            "pool": a.pool,
+            "device_name": a.device,
+            "admin_access": a.admin_access,
+            "share_id": a.share_id,
+            "consumed_capacity": a.consumed_capacity,
+        }
+        for a in r.allocations
+    ]
+
+
+def _template_row(r: TemplateRecord) -> dict[str, Any]:
+    return {"requests": [req.as_dict() for req in r.spec.requests], "constraints": r.spec.constraints}
+
+
+def _pod_row(r: PodRecord) -> dict[str, Any]:
+    return {
+        "phase": r.phase,
+        "node_name": r.node_name,
+        "scheduled_status": r.scheduled_status,
+        "scheduled_reason": r.scheduled_reason,
+        "scheduled_message": r.scheduled_message,
+        "scheduled_at": r.scheduled_at,
+        "claim_refs": r.claim_refs,
+        "claim_statuses": r.claim_statuses,
+        "gpu_requests": r.gpu_requests,
+    }
+
+
+def _event_row(r: EventRecord) -> dict[str, Any]:
+    return {
+        "reason": r.reason,
+        "type": r.type,
+        "message": r.message,
+        "involved_kind": r.involved_kind,
+        "involved_namespace": r.involved_namespace,
+        "involved_name": r.involved_name,
+        "involved_uid": r.involved_uid,
+        "count": r.count,
+        "first_at": r.first_at,
+        "last_at": r.last_at,
+    }
+
+
+def register_all() -> None:
+    register(
+        "ResourceClaim",
+        TableSpec(
+            ResourceClaim,
+            NAMESPACED,
+            _claim_row,
+            children=(
+                ChildSpec(
+                    DeviceAllocation,
+                    parent_column="claim_uid",
+                    parent_field="uid",
+                    parent_value=lambda r: r.meta.uid,
+                    rows=_allocation_rows,
+                    conflict=("claim_uid", "request", "driver", "pool", "device_name", "share_id"),
+                ),
+            ),
+        ),
+    )
+    register("ResourceClaimTemplate", TableSpec(ResourceClaimTemplate, NAMESPACED, _template_row))
+    register("Pod", TableSpec(Pod, NAMESPACED, _pod_row))
+    register("Event", TableSpec(SchedulingEvent, NAMESPACED, _event_row))

@@ -1,0 +1,54 @@
+"""python manage.py fleet_summary [--cluster C] [--json]"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from fleet import selectors
+from fleet.models import Cluster
+from fleet.quantity import format_bytes
+
+
+class Command(BaseCommand):
+    help = (
+        "Devices per model, kind and MIG profile by state (allocated, tainted, free), and physical GPUs per "
+        "model with allocated compute slices (partition-aware: MIG slices never add to their GPU)."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--cluster", help="only this cluster (default: all)")
+        parser.add_argument("--json", action="store_true", help="machine-readable output")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        cluster_id = None
+        if options["cluster"]:
+            try:
+                cluster_id = Cluster.objects.get(name=options["cluster"]).pk
+            except Cluster.DoesNotExist:
+                known = ", ".join(Cluster.objects.values_list("name", flat=True)) or "none"
+                raise CommandError(f"no cluster named {options['cluster']!r} (known: {known})") from None
+        summary = selectors.fleet_summary(cluster_id)
+        if options["json"]:
+            self.stdout.write(orjson.dumps(summary.as_dict(), option=orjson.OPT_INDENT_2).decode())
+            return
+        self.stdout.write(f"{summary.devices} devices, {summary.allocated} allocated\n")
+        self.stdout.write(f"{'model':8} {'GPUs':>6} {'whole':>6} {'MIG':>6} {'slices used':>14} {'alloc':>6}")
+        for m in summary.models:
+            used = f"{m.compute_slices_allocated}/{m.compute_slices}"
+            fraction = f"{m.allocated_fraction:.0%}"
+            self.stdout.write(
+                f"{m.model:8} {m.gpus:>6} {m.gpus_full:>6} {m.gpus_mig:>6} {used:>14} {fraction:>6}"
+            )
+        self.stdout.write("")
+        header = (
+            f"{'model':8} {'kind':8} {'profile':14} {'total':>6} {'alloc':>6} {'taint':>6} {'free':>6} memory"
+        )
+        self.stdout.write(header)
+        for g in summary.groups:
+            self.stdout.write(
+                f"{g.model:8} {g.kind:8} {g.profile or '-':14} {g.total:>6} {g.allocated:>6} {g.tainted:>6} "
+                f"{g.free:>6} {format_bytes(g.memory_bytes)}"
+            )

@@ -1,0 +1,182 @@
+"""The fleet as Kubernetes publishes it: clusters, nodes, device classes, ResourceSlices and their devices.
+
+Only ``fleet.ingest`` writes these tables (and ``WatchCursor`` through the watchers' ingest calls). Every
+Kubernetes object is keyed by (cluster, uid) and by its natural key, and keeps its resourceVersion (an
+integer of up to 128 bits: comparable from Kubernetes 1.35 on) and its raw JSON (without managedFields).
+"""
+
+from __future__ import annotations
+
+from django.db import models
+
+RESOURCE_VERSION_DIGITS = 39  # 2**128 - 1 has 39 decimal digits
+
+
+def resource_version_field() -> models.DecimalField:
+    return models.DecimalField(max_digits=RESOURCE_VERSION_DIGITS, decimal_places=0)
+
+
+class Cluster(models.Model):
+    """A Kubernetes cluster (or a simulated one) whose objects we mirror."""
+
+    name = models.SlugField(max_length=63, unique=True)
+    description = models.CharField(max_length=200, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class KubeObject(models.Model):
+    """Fields every mirrored Kubernetes object has."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE)
+    uid = models.CharField(max_length=128)
+    name = models.CharField(max_length=253)
+    resource_version = resource_version_field()
+    created_at = models.DateTimeField(null=True)
+    labels = models.JSONField(default=dict)
+    raw = models.JSONField()
+    synced_at = models.DateTimeField()
+
+    class Meta:
+        abstract = True
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Node(KubeObject):
+    """A Kubernetes Node. GPU nodes carry NVIDIA's labels (product, clique)."""
+
+    ready = models.BooleanField(default=False)
+    unschedulable = models.BooleanField(default=False)
+    gpu_product = models.CharField(max_length=128, blank=True, db_index=True)
+    clique = models.CharField(max_length=128, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["cluster", "uid"], name="node_uid"),
+            models.UniqueConstraint(fields=["cluster", "name"], name="node_name"),
+        ]
+
+
+class DeviceClass(KubeObject):
+    """A DeviceClass: the CEL selectors every request naming it must also pass."""
+
+    selectors = models.JSONField(default=list)
+    extended_resource_name = models.CharField(max_length=253, blank=True)
+
+    class Meta:
+        verbose_name_plural = "device classes"
+        constraints = [
+            models.UniqueConstraint(fields=["cluster", "uid"], name="deviceclass_uid"),
+            models.UniqueConstraint(fields=["cluster", "name"], name="deviceclass_name"),
+        ]
+
+
+class ResourceSlice(KubeObject):
+    """One ResourceSlice: part of a driver's pool, at a pool generation."""
+
+    driver = models.CharField(max_length=63)
+    pool = models.CharField(max_length=253)
+    pool_generation = models.BigIntegerField()
+    pool_slice_count = models.IntegerField()
+    node_name = models.CharField(max_length=253, blank=True, db_index=True)
+    all_nodes = models.BooleanField(default=False)
+    per_device_node_selection = models.BooleanField(default=False)
+    shared_counters = models.JSONField(default=list)
+    device_count = models.IntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["cluster", "uid"], name="slice_uid"),
+            models.UniqueConstraint(fields=["cluster", "name"], name="slice_name"),
+        ]
+        indexes = [models.Index(fields=["cluster", "driver", "pool"], name="slice_pool")]
+
+
+class Device(models.Model):
+    """A device published in a ResourceSlice, identified by (cluster, driver, pool, name).
+
+    ``gpu_uuid`` names the physical GPU the device belongs to (its own uuid, or the MIG parent's):
+    MIG slices of one GPU share it, so their memory is never added to the GPU's.
+    """
+
+    KINDS = [("gpu", "GPU"), ("mig", "MIG"), ("vfio", "VFIO"), ("channel", "channel"), ("other", "other")]
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE)
+    driver = models.CharField(max_length=63)
+    pool = models.CharField(max_length=253)
+    name = models.CharField(max_length=63)
+    slice_name = models.CharField(max_length=253)
+    pool_generation = models.BigIntegerField()
+    node_name = models.CharField(max_length=253, blank=True)
+    kind = models.CharField(max_length=8, choices=KINDS)
+    model = models.CharField(max_length=16)
+    product_name = models.CharField(max_length=128, blank=True)
+    uuid = models.CharField(max_length=128, blank=True)
+    parent_uuid = models.CharField(max_length=128, blank=True)
+    gpu_uuid = models.CharField(max_length=128, blank=True)
+    gpu_minor = models.IntegerField(null=True)
+    mig_profile = models.CharField(max_length=64, blank=True)
+    compute_slices = models.SmallIntegerField(default=0)
+    memory_bytes = models.BigIntegerField(null=True)
+    taints = models.JSONField(default=list)
+    tainted = models.BooleanField(default=False)
+    counters_consumed = models.JSONField(default=list)
+    attributes = models.JSONField(default=dict)
+    capacity = models.JSONField(default=dict)
+    slice = models.ForeignObject(
+        ResourceSlice,
+        on_delete=models.DO_NOTHING,
+        from_fields=["cluster", "slice_name"],
+        to_fields=["cluster", "name"],
+        related_name="devices",
+    )
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["cluster", "driver", "pool", "name"], name="device_key"),
+        ]
+        indexes = [
+            models.Index(fields=["cluster", "model", "kind"], name="device_model"),
+            models.Index(fields=["cluster", "node_name"], name="device_node"),
+            models.Index(fields=["cluster", "gpu_uuid"], name="device_gpu"),
+            models.Index(fields=["cluster", "slice_name"], name="device_slice"),
+            models.Index(fields=["mig_profile"], name="device_profile"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.driver}/{self.pool}/{self.name}"
+
+
+class WatchCursor(models.Model):
+    """Where one (cluster, kind) stream stands: its resourceVersion, state, last event and last error."""
+
+    STATES = [
+        ("idle", "idle"),
+        ("listing", "listing"),
+        ("watching", "watching"),
+        ("backoff", "backoff"),
+        ("forbidden", "forbidden"),
+        ("error", "error"),
+    ]
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="cursors")
+    kind = models.CharField(max_length=32)
+    resource_version = models.DecimalField(max_digits=RESOURCE_VERSION_DIGITS, decimal_places=0, default=0)
+    state = models.CharField(max_length=16, choices=STATES, default="idle")
+    object_count = models.IntegerField(default=0)
+    last_event_at = models.DateTimeField(null=True)
+    last_error = models.TextField(blank=True)
+    last_error_at = models.DateTimeField(null=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["cluster", "kind"], name="cursor_stream")]
+
+    def __str__(self) -> str:
+        return f"{self.cluster_id}/{self.kind}@{self.resource_version}"

@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# Install (when missing) and start PostgreSQL and Redis for tests, on project-local data dirs and ports.
+# Idempotent: a second run finds them running and does nothing. Works as root (PostgreSQL then runs as the
+# "postgres" system user, which refuses root). Prints the DATABASE_URL / REDIS_URL to use.
+#
+#   scripts/services.sh start|stop|status|env
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+RUN="${CLAIMSCOPE_SERVICES_DIR:-$ROOT/.run/services}"
+PG_PORT="${CLAIMSCOPE_PG_PORT:-55432}"
+REDIS_PORT="${CLAIMSCOPE_REDIS_PORT:-56379}"
+PG_DATA="$RUN/pg"
+REDIS_DIR="$RUN/redis"
+
+log() { echo "services: $*" >&2; }
+
+apt_install() {
+  if [ "$(id -u)" != 0 ]; then
+    log "need $* but not root: install them (apt-get install $*) and rerun"; exit 1
+  fi
+  log "installing $* with apt-get"
+  if [ -z "${_APT_UPDATED:-}" ]; then
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2
+    _APT_UPDATED=1
+  fi
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >&2
+}
+
+pg_bin() {
+  local dir
+  dir=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1 || true)
+  if [ -z "$dir" ] || [ ! -x "$dir/postgres" ]; then
+    apt_install postgresql >&2
+    dir=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -n 1)
+  fi
+  echo "$dir"
+}
+
+as_pg() {
+  if [ "$(id -u)" = 0 ]; then
+    runuser -u postgres -- "$@"
+  else
+    "$@"
+  fi
+}
+
+start_pg() {
+  local bin
+  bin=$(pg_bin)
+  mkdir -p "$RUN"
+  if [ "$(id -u)" = 0 ]; then
+    id postgres >/dev/null 2>&1 || useradd --system --home /var/lib/postgresql --shell /bin/bash postgres
+    chmod 755 "$RUN"
+  fi
+  if [ ! -f "$PG_DATA/PG_VERSION" ]; then
+    mkdir -p "$PG_DATA"
+    [ "$(id -u)" = 0 ] && chown postgres "$PG_DATA"
+    as_pg "$bin/initdb" -D "$PG_DATA" -U claimscope --auth=trust -E UTF8 --locale=C.UTF-8 >/dev/null
+    cat >>"$PG_DATA/postgresql.conf" <<CONF
+listen_addresses = '127.0.0.1'
+port = $PG_PORT
+unix_socket_directories = '$PG_DATA'
+fsync = off
+synchronous_commit = off
+full_page_writes = off
+shared_buffers = 256MB
+max_connections = 200
+CONF
+  fi
+  if as_pg "$bin/pg_ctl" -D "$PG_DATA" status >/dev/null 2>&1; then
+    log "PostgreSQL already running on $PG_PORT"
+  else
+    as_pg "$bin/pg_ctl" -D "$PG_DATA" -l "$PG_DATA/server.log" -w -t 60 start >/dev/null
+    log "PostgreSQL started on 127.0.0.1:$PG_PORT"
+  fi
+  as_pg "$bin/psql" -h 127.0.0.1 -p "$PG_PORT" -U claimscope -d postgres -tAc \
+    "SELECT 1 FROM pg_database WHERE datname='claimscope'" | grep -q 1 ||
+    as_pg "$bin/createdb" -h 127.0.0.1 -p "$PG_PORT" -U claimscope claimscope
+}
+
+start_redis() {
+  command -v redis-server >/dev/null || apt_install redis-server
+  mkdir -p "$REDIS_DIR"
+  if redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1; then
+    log "Redis already running on $REDIS_PORT"
+    return
+  fi
+  redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --dir "$REDIS_DIR" --save "" --appendonly no \
+    --daemonize yes --pidfile "$REDIS_DIR/redis.pid" --logfile "$REDIS_DIR/redis.log"
+  for _ in $(seq 50); do redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
+  redis-cli -p "$REDIS_PORT" ping >/dev/null || { log "Redis did not start: see $REDIS_DIR/redis.log"; exit 1; }
+  log "Redis started on 127.0.0.1:$REDIS_PORT"
+}
+
+stop_all() {
+  local bin
+  bin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1 || true)
+  if [ -n "$bin" ] && [ -f "$PG_DATA/PG_VERSION" ]; then
+    as_pg "$bin/pg_ctl" -D "$PG_DATA" -m fast stop >/dev/null 2>&1 || true
+  fi
+  redis-cli -p "$REDIS_PORT" shutdown nosave >/dev/null 2>&1 || true
+  log "stopped"
+}
+
+print_env() {
+  echo "DATABASE_URL=postgres://claimscope@127.0.0.1:$PG_PORT/claimscope"
+  echo "REDIS_URL=redis://127.0.0.1:$REDIS_PORT/0"
+}
+
+case "${1:-start}" in
+  start) start_pg; start_redis; print_env ;;
+  stop) stop_all ;;
+  env) print_env ;;
+  status)
+    redis-cli -p "$REDIS_PORT" ping || true
+    bin=$(pg_bin); as_pg "$bin/pg_ctl" -D "$PG_DATA" status || true ;;
+  *) echo "usage: $0 start|stop|status|env" >&2; exit 2 ;;
+esac

@@ -1,0 +1,191 @@
+import copy
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from claims.models import DeviceAllocation, ResourceClaim
+from fleet import ingest
+from fleet.ingest import Change, CursorUpdate
+from fleet.models import Device, Node, ResourceSlice, WatchCursor
+from fleet.normalize import normalize
+from fleet.simulator import nvidia
+
+
+@pytest.fixture
+def cluster():
+    return ingest.get_or_create_cluster("test")
+
+
+def node(name, rv, ready=True, uid=None):
+    obj = nvidia.node_object(name, "H100")
+    obj["metadata"]["resourceVersion"] = str(rv)
+    if uid:
+        obj["metadata"]["uid"] = uid
+    for cond in obj["status"]["conditions"]:
+        if cond["type"] == "Ready":
+            cond["status"] = "True" if ready else "False"
+    return normalize("Node", obj)
+
+
+def slice_record(node_name, rv, gpus=2, generation=1, model="B200"):
+    (obj,) = nvidia.node_slices(node_name, model, mode="full", gpus=gpus, generation=generation)
+    obj["metadata"]["resourceVersion"] = str(rv)
+    return normalize("ResourceSlice", obj)
+
+
+def claim_record(name, rv, devices=(), uid=None):
+    obj = {
+        "kind": "ResourceClaim",
+        "metadata": {
+            "name": name,
+            "namespace": "ml",
+            "uid": uid or f"uid-{name}",
+            "resourceVersion": str(rv),
+        },
+        "spec": {
+            "devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}
+        },
+    }
+    if devices:
+        obj["status"] = {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {"request": "gpu", "driver": "gpu.nvidia.com", "pool": pool, "device": dev}
+                        for pool, dev in devices
+                    ]
+                }
+            }
+        }
+    return normalize("ResourceClaim", obj)
+
+
+def upserts(*records):
+    return [Change("upsert", r) for r in records]
+
+
+def test_it_adds_modifies_and_deletes(cluster):
+    ingest.apply_batch(cluster, "Node", upserts(node("n1", 10), node("n2", 11)))
+    assert set(Node.objects.values_list("name", flat=True)) == {"n1", "n2"}
+
+    result = ingest.apply_batch(cluster, "Node", upserts(node("n1", 12, ready=False)))
+    assert result.written == [("n1",)]
+    assert Node.objects.get(name="n1").ready is False
+    assert int(Node.objects.get(name="n1").resource_version) == 12
+
+    result = ingest.apply_batch(cluster, "Node", [Change("delete", node("n2", 13))])
+    assert result.deleted == [("n2",)]
+    assert set(Node.objects.values_list("name", flat=True)) == {"n1"}
+
+
+def test_it_ignores_a_stale_resource_version(cluster):
+    ingest.apply_batch(cluster, "Node", upserts(node("n1", 20, ready=True)))
+    result = ingest.apply_batch(cluster, "Node", upserts(node("n1", 19, ready=False)))
+    assert result.written == [] and result.stale == 1
+    assert Node.objects.get(name="n1").ready is True
+    # A delete older than the stored object does not remove it either.
+    ingest.apply_batch(cluster, "Node", [Change("delete", node("n1", 18))])
+    assert Node.objects.filter(name="n1").exists()
+
+
+def test_a_delete_for_another_uid_keeps_the_recreated_object(cluster):
+    ingest.apply_batch(cluster, "Node", upserts(node("n1", 30, uid="new-uid")))
+    ingest.apply_batch(cluster, "Node", [Change("delete", node("n1", 31, uid="old-uid"))])
+    assert Node.objects.get(name="n1").uid == "new-uid"
+
+
+def test_applying_a_batch_twice_equals_once(cluster):
+    batch = upserts(slice_record("n1", 5), slice_record("n2", 6), claim_record("c", 7))
+    slices, claims = batch[:2], batch[2:]
+
+    def state():
+        return (
+            sorted(Device.objects.values_list("pool", "name", "slice_name", "kind")),
+            sorted(ResourceSlice.objects.values_list("name", "resource_version")),
+            sorted(ResourceClaim.objects.values_list("name", "state")),
+        )
+
+    ingest.apply_batch(cluster, "ResourceSlice", slices)
+    ingest.apply_batch(cluster, "ResourceClaim", claims)
+    once = state()
+    ingest.apply_batch(cluster, "ResourceSlice", slices)
+    ingest.apply_batch(cluster, "ResourceClaim", claims)
+    assert state() == once
+    assert len(once[0]) == 4
+
+
+def test_slice_updates_replace_its_devices(cluster):
+    ingest.apply_batch(cluster, "ResourceSlice", upserts(slice_record("n1", 5, gpus=4)))
+    assert Device.objects.filter(pool="n1").count() == 4
+    ingest.apply_batch(cluster, "ResourceSlice", upserts(slice_record("n1", 6, gpus=2, generation=2)))
+    assert sorted(Device.objects.filter(pool="n1").values_list("name", flat=True)) == ["gpu-0", "gpu-1"]
+    assert set(Device.objects.values_list("pool_generation", flat=True)) == {2}
+    ingest.apply_batch(
+        cluster, "ResourceSlice", [Change("delete", slice_record("n1", 7, gpus=2, generation=2))]
+    )
+    assert not Device.objects.exists()
+
+
+def test_claim_allocations_follow_the_claim(cluster):
+    ingest.apply_batch(cluster, "ResourceSlice", upserts(slice_record("n1", 5, gpus=2)))
+    ingest.apply_batch(cluster, "ResourceClaim", upserts(claim_record("c", 8, devices=[("n1", "gpu-1")])))
+    alloc = DeviceAllocation.objects.select_related("device", "claim").get()
+    assert alloc.device.name == "gpu-1" and alloc.claim.name == "c"
+    assert ResourceClaim.objects.get(name="c").state == "allocated"
+    ingest.apply_batch(cluster, "ResourceClaim", upserts(claim_record("c", 9)))
+    assert not DeviceAllocation.objects.exists()
+    ingest.apply_batch(cluster, "ResourceClaim", upserts(claim_record("c", 10, devices=[("n1", "gpu-0")])))
+    ingest.apply_batch(cluster, "ResourceClaim", [Change("delete", claim_record("c", 11))])
+    assert not DeviceAllocation.objects.exists() and not ResourceClaim.objects.exists()
+
+
+def test_replace_deletes_what_the_list_no_longer_has(cluster):
+    ingest.apply_batch(cluster, "Node", upserts(node("n1", 1), node("n2", 2), node("n3", 3)))
+    ingest.apply_batch(cluster, "Node", upserts(node("late", 50)))  # newer than the list: kept
+    result = ingest.replace_all(cluster, "Node", [node("n1", 1), node("n3", 4)], list_resource_version=40)
+    assert sorted(result.deleted) == [("n2",)]
+    assert set(Node.objects.values_list("name", flat=True)) == {"n1", "n3", "late"}
+    cursor = WatchCursor.objects.get(cluster=cluster, kind="Node")
+    assert int(cursor.resource_version) == 40 and cursor.object_count == 2
+
+
+def test_the_cursor_is_saved_with_the_batch(cluster):
+    ingest.apply_batch(cluster, "Node", upserts(node("n1", 1)), cursor=CursorUpdate(77))
+    assert int(WatchCursor.objects.get(cluster=cluster, kind="Node").resource_version) == 77
+
+
+def test_a_128_bit_resource_version_round_trips(cluster):
+    big = 2**128 - 5
+    ingest.apply_batch(cluster, "Node", upserts(node("n1", big)))
+    assert int(Node.objects.get(name="n1").resource_version) == big
+    assert ingest.apply_batch(cluster, "Node", upserts(node("n1", big - 1))).stale == 1
+
+
+def test_query_count_per_batch_does_not_grow_with_the_batch(cluster):
+    def count(n, offset):
+        records = [claim_record(f"c{offset + i}", 100 + i, devices=[("p", f"gpu-{i}")]) for i in range(n)]
+        with CaptureQueriesContext(connection) as ctx:
+            ingest.apply_batch(cluster, "ResourceClaim", upserts(*records))
+        assert ResourceClaim.objects.count() == offset + n
+        return len(ctx.captured_queries)
+
+    assert count(10, 0) == count(1000, 10)
+
+
+def test_one_change_event_per_batch_after_commit(cluster, monkeypatch, django_capture_on_commit_callbacks):
+    sent: list[dict] = []
+    monkeypatch.setattr(ingest, "publish", sent.append)
+    with django_capture_on_commit_callbacks(execute=False) as callbacks:
+        ingest.apply_batch(cluster, "Node", upserts(node("n1", 1), node("n2", 2)))
+        assert sent == []  # nothing before commit
+    for callback in callbacks:
+        callback()
+    assert len(sent) == 1
+    assert sent[0]["kind"] == "Node" and sorted(sent[0]["written"]) == ["n1", "n2"]
+
+
+def test_the_last_change_of_an_object_in_a_batch_wins(cluster):
+    n = node("n1", 1)
+    ingest.apply_batch(cluster, "Node", [Change("upsert", n), Change("delete", copy.copy(n))])
+    assert not Node.objects.exists()
