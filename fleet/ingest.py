@@ -11,6 +11,7 @@ registers the claim kinds when its app loads, so ``fleet`` never imports ``claim
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -359,9 +360,22 @@ def publish(event: dict[str, Any]) -> None:
     if layer is None:
         return
     try:
-        async_to_sync(layer.group_send)(settings.CLAIMSCOPE_INGEST_GROUP, event)
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        loop = None
+    try:
+        if loop is not None:
+            # Called from code running inside an event loop's thread: schedule, don't block the loop.
+            task = loop.create_task(layer.group_send(settings.CLAIMSCOPE_INGEST_GROUP, event))
+            _pending.add(task)
+            task.add_done_callback(_pending.discard)
+        else:
+            async_to_sync(layer.group_send)(settings.CLAIMSCOPE_INGEST_GROUP, event)
     except Exception:  # the database is the truth; a lost notification only delays a page update
         log.exception("could not publish change event for %s %s", event["cluster"], event["kind"])
+
+
+_pending: set[asyncio.Task[None]] = set()  # keeps scheduled sends alive until done
 
 
 # ------------------------------------------------------------------------------------------- fleet kinds

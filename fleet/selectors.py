@@ -12,13 +12,14 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
+from fractions import Fraction
 from typing import Any
 
 from django.apps import apps
-from django.db.models import Max
 
 from fleet.models import Device, ResourceSlice
 from fleet.normalize import FULL_GPU_SLICES
+from fleet.quantity import QuantityError, parse_quantity
 
 DeviceKey = tuple[int, str, str, str]  # cluster id, driver, pool, device name
 
@@ -32,6 +33,7 @@ class GroupCount:
     profile: str
     total: int = 0
     allocated: int = 0
+    unavailable: int = 0  # not allocated, but its shared counters are used up by allocated siblings
     tainted: int = 0
     free: int = 0
     memory_bytes: int = 0  # sum over the group's devices (never added across groups of one GPU)
@@ -67,8 +69,67 @@ class FleetSummary:
         return data
 
 
-def summarize(devices: Iterable[dict[str, Any]], allocated: set[DeviceKey]) -> FleetSummary:
-    """Count devices (dicts with Device's fields) by group and state, and physical GPUs per model."""
+PoolKey = tuple[int, str, str]  # cluster id, driver, pool
+CounterSets = dict[PoolKey, dict[str, dict[str, Fraction]]]  # pool -> counter set -> counter -> capacity
+
+
+def counter_sets_of(shared_counters: list[dict[str, Any]]) -> dict[str, dict[str, Fraction]]:
+    """A slice's ``sharedCounters`` as exact capacities; unreadable values count as zero capacity."""
+    out: dict[str, dict[str, Fraction]] = {}
+    for counter_set in shared_counters:
+        counters = counter_set.get("counters") or {}
+        out[str(counter_set.get("name"))] = {name: _counter_value(c) for name, c in counters.items()}
+    return out
+
+
+def _counter_value(counter: Any) -> Fraction:
+    try:
+        return parse_quantity(str(counter.get("value", "0") if isinstance(counter, dict) else counter)).value
+    except QuantityError:
+        return Fraction(0)
+
+
+def unavailable_devices(
+    devices: list[dict[str, Any]], allocated: set[DeviceKey], counter_sets: CounterSets
+) -> set[DeviceKey]:
+    """Unallocated devices whose counter consumption no longer fits next to the allocated devices'.
+
+    This is the partitionable-device (dynamic MIG) rule of the allocator: a partition and its full GPU
+    draw on the same counter set, so allocating one blocks the overlapping others.
+    """
+    used: dict[tuple[PoolKey, str, str], Fraction] = defaultdict(Fraction)
+    for d in devices:
+        key = (d["cluster_id"], d["driver"], d["pool"], d["name"])
+        if key in allocated:
+            for consumption in d["counters_consumed"]:
+                for name, counter in (consumption.get("counters") or {}).items():
+                    used[(key[:3], str(consumption.get("counterSet")), name)] += _counter_value(counter)
+    blocked: set[DeviceKey] = set()
+    for d in devices:
+        key = (d["cluster_id"], d["driver"], d["pool"], d["name"])
+        if key in allocated or not d["counters_consumed"]:
+            continue
+        sets = counter_sets.get(key[:3], {})
+        for consumption in d["counters_consumed"]:
+            set_name = str(consumption.get("counterSet"))
+            capacity = sets.get(set_name, {})
+            for name, counter in (consumption.get("counters") or {}).items():
+                need = _counter_value(counter)
+                if used[(key[:3], set_name, name)] + need > capacity.get(name, Fraction(0)):
+                    blocked.add(key)
+    return blocked
+
+
+def summarize(
+    devices: Iterable[dict[str, Any]], allocated: set[DeviceKey], counter_sets: CounterSets | None = None
+) -> FleetSummary:
+    """Count devices (dicts with Device's fields) by group and state, and physical GPUs per model.
+
+    A device's state is the first that applies of: allocated, unavailable (counters used up), tainted
+    (an untolerable NoSchedule/NoExecute taint), free.
+    """
+    devices = list(devices)
+    blocked = unavailable_devices(devices, allocated, counter_sets) if counter_sets is not None else set()
     groups: dict[tuple[str, str, str], GroupCount] = {}
     gpu_model: dict[tuple[int, str], str] = {}
     gpu_has_full: set[tuple[int, str]] = set()
@@ -78,11 +139,14 @@ def summarize(devices: Iterable[dict[str, Any]], allocated: set[DeviceKey]) -> F
     for d in devices:
         key = (d["model"], d["kind"], d["mig_profile"])
         group = groups.get(key) or groups.setdefault(key, GroupCount(*key))
-        is_allocated = (d["cluster_id"], d["driver"], d["pool"], d["name"]) in allocated
+        device_key = (d["cluster_id"], d["driver"], d["pool"], d["name"])
+        is_allocated = device_key in allocated
         group.total += 1
         group.memory_bytes += d["memory_bytes"] or 0
         if is_allocated:
             group.allocated += 1
+        elif device_key in blocked:
+            group.unavailable += 1
         elif d["tainted"]:
             group.tainted += 1
         else:
@@ -112,26 +176,33 @@ def summarize(devices: Iterable[dict[str, Any]], allocated: set[DeviceKey]) -> F
 
 SUMMARY_FIELDS = (
     "cluster_id", "driver", "pool", "name", "model", "kind", "mig_profile", "memory_bytes", "tainted",
-    "gpu_uuid", "compute_slices", "pool_generation",
+    "gpu_uuid", "compute_slices", "pool_generation", "counters_consumed",
 )  # fmt: skip
 
 
-def current_devices(cluster_id: int | None = None) -> list[dict[str, Any]]:
-    """Devices of each pool's highest generation (older generations are being replaced)."""
+def current_devices(cluster_id: int | None = None) -> tuple[list[dict[str, Any]], CounterSets]:
+    """Devices of each pool's highest generation (older generations are being replaced), and the
+    pools' shared counter sets at that generation."""
     slices = ResourceSlice.objects.all()
     devices = Device.objects.all()
     if cluster_id is not None:
         slices = slices.filter(cluster_id=cluster_id)
         devices = devices.filter(cluster_id=cluster_id)
-    newest = {
-        (row["cluster_id"], row["driver"], row["pool"]): row["gen"]
-        for row in slices.values("cluster_id", "driver", "pool").annotate(gen=Max("pool_generation"))
-    }
-    return [
+    newest: dict[PoolKey, int] = {}
+    counters: CounterSets = defaultdict(dict)
+    rows = slices.values_list("cluster_id", "driver", "pool", "pool_generation", "shared_counters")
+    for cid, driver, pool, generation, shared in rows.order_by("pool_generation"):
+        key = (cid, driver, pool)
+        if generation > newest.get(key, -1):
+            newest[key] = generation
+            counters[key] = {}
+        counters[key].update(counter_sets_of(shared))
+    current = [
         d
         for d in devices.values(*SUMMARY_FIELDS)
         if d["pool_generation"] >= newest.get((d["cluster_id"], d["driver"], d["pool"]), d["pool_generation"])
     ]
+    return current, dict(counters)
 
 
 def allocated_keys(cluster_id: int | None = None) -> set[DeviceKey]:
@@ -145,4 +216,5 @@ def allocated_keys(cluster_id: int | None = None) -> set[DeviceKey]:
 
 
 def fleet_summary(cluster_id: int | None = None) -> FleetSummary:
-    return summarize(current_devices(cluster_id), allocated_keys(cluster_id))
+    devices, counter_sets = current_devices(cluster_id)
+    return summarize(devices, allocated_keys(cluster_id), counter_sets)

@@ -44,11 +44,12 @@ class Command(BaseCommand):
             )
         self.stdout.write("")
         header = (
-            f"{'model':8} {'kind':8} {'profile':14} {'total':>6} {'alloc':>6} {'taint':>6} {'free':>6} memory"
+            f"{'model':8} {'kind':8} {'profile':14} {'total':>6} {'alloc':>6} {'unav':>6} {'taint':>6} "
+            f"{'free':>6} memory"
         )
         self.stdout.write(header)
         for g in summary.groups:
             self.stdout.write(
-                f"{g.model:8} {g.kind:8} {g.profile or '-':14} {g.total:>6} {g.allocated:>6} {g.tainted:>6} "
-                f"{g.free:>6} {format_bytes(g.memory_bytes)}"
+                f"{g.model:8} {g.kind:8} {g.profile or '-':14} {g.total:>6} {g.allocated:>6} "
+                f"{g.unavailable:>6} {g.tainted:>6} {g.free:>6} {format_bytes(g.memory_bytes)}"
             )
