@@ -6,6 +6,9 @@ VENV=.venv
 
 echo "== services (PostgreSQL, Redis)"
 eval "$(scripts/services.sh start | sed 's/^/export /')"
+# The production configuration (PostgreSQL, Redis) with a throw-away key; plain http for the browser.
+export SECRET_KEY="test-$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')"
+export SECURE_COOKIES=0
 
 if [ -f tests/controlplane/build.sh ]; then
   echo "== Kubernetes control plane (built from the upstream Go modules; cached)"
@@ -29,9 +32,6 @@ echo "== mypy"
 $VENV/bin/mypy .
 
 echo "== pytest"
-# Tests run the production configuration (PostgreSQL, Redis) with a throw-away key.
-export SECRET_KEY="test-$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')"
-export SECURE_COOKIES=0
 mkdir -p .artifacts
 set +e
 $VENV/bin/pytest "$@"

@@ -1,0 +1,235 @@
+"""One stream per (cluster, kind): list, then watch, feeding ingest in batches.
+
+The reflector is independent of where objects come from (see :mod:`fleet.kube.source`). Events are read by
+a small reader thread into a queue so that a batch is flushed after ``batch_size`` events or
+``flush_interval`` seconds, whichever comes first, even while the source blocks waiting for more; the cursor
+(last resourceVersion) is saved in the same transaction as each batch. Faults:
+
+- 410 Gone: relist and replace (objects missing from the list are deleted);
+- other source errors: exponential backoff with jitter, from ``backoff_min`` to ``backoff_max`` seconds;
+- no event and no bookmark for ``idle_timeout`` seconds: reconnect;
+- 401/403: the stream's state becomes "forbidden" with the server's message, retried slowly;
+- a malformed object: logged with its name and skipped.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from django.utils import timezone
+
+from fleet import ingest
+from fleet.importer import ImportReport, normalize_many
+from fleet.kube.source import Forbidden, Gone, Obj, Source, SourceError, status_error
+from fleet.models import Cluster, WatchCursor
+from fleet.normalize import NormalizeError, is_stored, normalize, parse_resource_version
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StreamConfig:
+    batch_size: int = 500
+    flush_interval: float = 0.25
+    watch_timeout: float = 300.0  # the server ends a watch after this; we then resume from the cursor
+    idle_timeout: float = 70.0
+    backoff_min: float = 1.0
+    backoff_max: float = 30.0
+    forbidden_retry: float = 300.0
+
+
+_END = object()  # the reader's "stream ended" marker
+
+
+class Reflector:
+    """Mirrors one kind of one cluster into the database through ingest."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        kind: str,
+        source: Source,
+        config: StreamConfig | None = None,
+        sleep: Callable[[float], Any] = time.sleep,
+    ) -> None:
+        self.cluster = cluster
+        self.kind = kind
+        self.source = source
+        self.config = config or StreamConfig()
+        self.sleep = sleep
+        self.events_applied = 0
+
+    # ----------------------------------------------------------------------------------------- cursor
+
+    def stored_resource_version(self) -> int | None:
+        cursor = WatchCursor.objects.filter(cluster=self.cluster, kind=self.kind).first()
+        if cursor is None or cursor.state in ("idle", "listing") or not cursor.resource_version:
+            return None
+        return int(cursor.resource_version)
+
+    def set_state(self, state: str, error: str = "") -> None:
+        values: dict[str, Any] = {"state": state}
+        if error:
+            values.update(last_error=error[:4000], last_error_at=timezone.now())
+        WatchCursor.objects.update_or_create(cluster=self.cluster, kind=self.kind, defaults=values)
+
+    # ----------------------------------------------------------------------------------------- list
+
+    def relist(self) -> int:
+        """List everything and replace the stored set; returns the list's resourceVersion."""
+        self.set_state("listing")
+        items, list_rv = self.source.list(self.kind)
+        report = ImportReport()
+        records = normalize_many(self.kind, items, report)
+        rv = parse_resource_version(list_rv, f"{self.kind} list")
+        ingest.replace_all(self.cluster, self.kind, records, rv)
+        log.info("%s/%s: listed %d objects at %d", self.cluster.name, self.kind, len(records), rv)
+        return rv
+
+    # ----------------------------------------------------------------------------------------- watch
+
+    def watch(self, resource_version: int, stop: threading.Event) -> int:
+        """Apply watch events from ``resource_version`` until the watch ends; returns the last version.
+
+        Raises Gone / Forbidden / SourceError from the source, and SourceError when idle too long.
+        """
+        events: queue.Queue[Any] = queue.Queue(maxsize=self.config.batch_size * 4)
+        reader = threading.Thread(
+            target=self._read,
+            args=(
+                self.source.watch(self.kind, str(resource_version), self.config.watch_timeout),
+                events,
+                stop,
+            ),
+            name=f"watch-{self.cluster.name}-{self.kind}",
+            daemon=True,
+        )
+        reader.start()
+        self.set_state("watching")
+        last_rv = resource_version
+        pending: list[ingest.Change] = []
+        pending_rv = resource_version
+        last_seen = time.monotonic()
+        flush_at: float | None = None
+        # On an early exit the reader thread may still block in the source until the server ends the
+        # watch (at most watch_timeout); it is a daemon holding no database connection.
+        while not stop.is_set():
+            timeout = self.config.idle_timeout if flush_at is None else max(0.0, flush_at - time.monotonic())
+            try:
+                item = events.get(timeout=min(timeout, 1.0))
+            except queue.Empty:
+                item = None
+            now = time.monotonic()
+            if item is None:
+                if flush_at is not None and now >= flush_at:
+                    last_rv = self._flush(pending, pending_rv)
+                    pending, flush_at = [], None
+                if now - last_seen > self.config.idle_timeout:
+                    raise SourceError(f"no event or bookmark for {self.config.idle_timeout:.0f}s")
+                continue
+            if item is _END:
+                break
+            try:
+                if isinstance(item, BaseException):
+                    raise item
+                change, rv = self._change(item)
+            except BaseException:
+                # Keep what arrived before the fault: those events are valid and the cursor follows them.
+                if pending:
+                    self._flush(pending, pending_rv)
+                raise
+            last_seen = now
+            if rv is not None:
+                pending_rv = max(pending_rv, rv)
+            if change is not None:
+                pending.append(change)
+            if flush_at is None:
+                flush_at = now + self.config.flush_interval
+            if len(pending) >= self.config.batch_size:
+                last_rv = self._flush(pending, pending_rv)
+                pending, flush_at = [], None
+        if pending or pending_rv > last_rv:
+            last_rv = self._flush(pending, pending_rv)
+        return last_rv
+
+    def _read(self, iterator: Iterator[Obj], events: queue.Queue[Any], stop: threading.Event) -> None:
+        try:
+            for event in iterator:
+                if stop.is_set():
+                    break
+                events.put(event)
+        except BaseException as exc:  # handed to the applying thread, which decides what it means
+            events.put(exc)
+        else:
+            events.put(_END)
+        finally:
+            close = getattr(iterator, "close", None)
+            if close:
+                close()
+
+    def _change(self, event: Obj) -> tuple[ingest.Change | None, int | None]:
+        """A watch event as an ingest change (None for bookmarks and skipped objects) and its version."""
+        kind = event.get("type")
+        obj = event.get("object")
+        if kind == "ERROR":
+            raise status_error(obj if isinstance(obj, dict) else {})
+        if not isinstance(obj, dict):
+            log.warning("%s/%s: watch event without an object skipped", self.cluster.name, self.kind)
+            return None, None
+        try:
+            rv = parse_resource_version((obj.get("metadata") or {}).get("resourceVersion"), self.kind)
+        except NormalizeError as exc:
+            log.warning("%s/%s: skipping event: %s", self.cluster.name, self.kind, exc)
+            return None, None
+        if kind == "BOOKMARK":
+            return None, rv
+        if kind not in ("ADDED", "MODIFIED", "DELETED"):
+            log.warning("%s/%s: unknown watch event type %r skipped", self.cluster.name, self.kind, kind)
+            return None, rv
+        if kind != "DELETED" and not is_stored(self.kind, obj):
+            return None, rv
+        try:
+            record = normalize(self.kind, obj)
+        except NormalizeError as exc:
+            log.warning("%s/%s: skipping malformed object: %s", self.cluster.name, self.kind, exc)
+            return None, rv
+        return ingest.Change("delete" if kind == "DELETED" else "upsert", record), rv
+
+    def _flush(self, changes: list[ingest.Change], resource_version: int) -> int:
+        ingest.apply_batch(self.cluster, self.kind, changes, cursor=ingest.CursorUpdate(resource_version))
+        self.events_applied += len(changes)
+        return resource_version
+
+    # ----------------------------------------------------------------------------------------- loop
+
+    def run(self, stop: threading.Event, max_watches: int | None = None) -> None:
+        """Resume (or list), watch, and repeat until ``stop`` is set; every fault is handled here."""
+        backoff = self.config.backoff_min
+        watches = 0
+        rv = self.stored_resource_version()
+        while not stop.is_set() and (max_watches is None or watches < max_watches):
+            try:
+                if rv is None:
+                    rv = self.relist()
+                rv = self.watch(rv, stop)
+                watches += 1
+                backoff = self.config.backoff_min
+            except Gone as exc:
+                log.info("%s/%s: %s; relisting", self.cluster.name, self.kind, exc)
+                rv = None
+            except Forbidden as exc:
+                log.warning("%s/%s: forbidden: %s", self.cluster.name, self.kind, exc)
+                self.set_state("forbidden", str(exc))
+                stop.wait(self.config.forbidden_retry)
+            except (SourceError, OSError) as exc:  # OSError: connection refused/reset below the client
+                log.warning("%s/%s: %s; retrying in %.1fs", self.cluster.name, self.kind, exc, backoff)
+                self.set_state("backoff", str(exc))
+                stop.wait(backoff * random.uniform(0.8, 1.2))
+                backoff = min(self.config.backoff_max, backoff * 2)

@@ -1,0 +1,151 @@
+"""The reflector against the simulator's API (the same Source protocol as a real API server)."""
+
+import copy
+import logging
+import threading
+
+import pytest
+
+from claims.models import Pod
+from fleet import ingest
+from fleet.kube.reflector import Reflector, StreamConfig
+from fleet.models import Node, WatchCursor
+from fleet.simulator import nvidia
+from fleet.simulator.cluster import SimulatedCluster
+
+FAST = StreamConfig(
+    flush_interval=0.05, watch_timeout=0.2, idle_timeout=5, backoff_min=0.01, backoff_max=0.02
+)
+
+
+@pytest.fixture
+def cluster():
+    return ingest.get_or_create_cluster("sim")
+
+
+@pytest.fixture
+def sim():
+    s = SimulatedCluster(history_limit=100)
+    for i in range(3):
+        s.create(nvidia.node_object(f"node-{i}", "H100"))
+    return s
+
+
+def names():
+    return sorted(Node.objects.values_list("name", flat=True))
+
+
+def run_once(reflector):
+    reflector.run(threading.Event(), max_watches=1)
+
+
+def test_initial_sync_lists_then_watches(cluster, sim):
+    reflector = Reflector(cluster, "Node", sim, FAST)
+    run_once(reflector)
+    assert names() == ["node-0", "node-1", "node-2"]
+    cursor = WatchCursor.objects.get(cluster=cluster, kind="Node")
+    assert int(cursor.resource_version) == int(sim.resource_version)
+    assert cursor.state == "watching"
+
+
+def test_it_resumes_from_the_cursor_and_applies_changes(cluster, sim):
+    reflector = Reflector(cluster, "Node", sim, FAST)
+    run_once(reflector)
+    sim.create(nvidia.node_object("node-9", "B200"))
+    sim.delete("Node", None, "node-0")
+    changed = copy.deepcopy(sim.get("Node", None, "node-1"))
+    changed["metadata"]["labels"]["team"] = "ml"
+    sim.update(changed)
+    run_once(reflector)
+    assert names() == ["node-1", "node-2", "node-9"]
+    assert Node.objects.get(name="node-1").labels["team"] == "ml"
+    assert reflector.events_applied == 3
+
+
+def test_it_relists_after_410(cluster, sim):
+    reflector = Reflector(cluster, "Node", sim, FAST)
+    run_once(reflector)
+    sim.delete("Node", None, "node-2")
+    sim.create(nvidia.node_object("node-7", "B300"))
+    sim.compact()  # the history no longer reaches our cursor: the next watch gets 410 Expired
+    run_once(reflector)  # 410 -> relist (this watch ends the loop)
+    run_once(reflector)
+    assert names() == ["node-0", "node-1", "node-7"]
+
+
+def test_a_malformed_object_is_logged_and_skipped(cluster, sim, caplog):
+    reflector = Reflector(cluster, "Node", sim, FAST)
+    run_once(reflector)
+    bad = nvidia.node_object("node-bad", "H100")
+    bad["metadata"]["labels"] = ["not", "a", "map"]
+    sim.create(bad)
+    sim.create(nvidia.node_object("node-good", "H100"))
+    with caplog.at_level(logging.WARNING):
+        run_once(reflector)
+    assert "node-good" in names() and "node-bad" not in names()
+    assert "node-bad" in caplog.text and "metadata.labels" in caplog.text
+
+
+def test_pods_without_gpu_claims_are_not_stored(cluster, sim):
+    sim.create(nvidia.pod_object("ml", "trainer", claims=[("gpu", "tmpl")]))
+    plain = nvidia.pod_object("ml", "web", claims=[])
+    sim.create(plain)
+    run_once(Reflector(cluster, "Pod", sim, FAST))
+    assert list(Pod.objects.values_list("name", flat=True)) == ["trainer"]
+
+
+class FlakySource:
+    """Fails the first watch with a connection error, then behaves."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.failures = 1
+
+    def list(self, kind):
+        return self.inner.list(kind)
+
+    def watch(self, kind, rv, timeout_seconds=None):
+        if self.failures:
+            self.failures -= 1
+            raise ConnectionRefusedError("connection refused")
+        return self.inner.watch(kind, rv, timeout_seconds)
+
+
+class ForbiddenSource:
+    def list(self, kind):
+        return [], "1"
+
+    def watch(self, kind, rv, timeout_seconds=None):
+        yield {
+            "type": "ERROR",
+            "object": {"kind": "Status", "code": 403, "message": 'nodes is forbidden: User "x"'},
+        }
+
+
+@pytest.mark.django_db(transaction=True)
+def test_forbidden_marks_the_stream_and_does_not_crash(cluster):
+    stop = threading.Event()
+    reflector = Reflector(cluster, "Node", ForbiddenSource(), StreamConfig(forbidden_retry=0.01))
+    thread = threading.Thread(target=reflector.run, args=(stop,))
+    thread.start()
+    try:
+        for _ in range(200):
+            cursor = WatchCursor.objects.filter(cluster=cluster, kind="Node", state="forbidden").first()
+            if cursor:
+                break
+            stop.wait(0.02)
+        assert cursor is not None
+        assert "forbidden" in cursor.last_error
+    finally:
+        stop.set()
+        thread.join(5)
+    assert not thread.is_alive()
+
+
+def test_connection_errors_back_off_and_recover(cluster, sim):
+    source = FlakySource(sim)
+    reflector = Reflector(cluster, "Node", source, FAST)
+    reflector.run(threading.Event(), max_watches=1)
+    assert source.failures == 0
+    assert names() == ["node-0", "node-1", "node-2"]
+    assert "connection refused" in WatchCursor.objects.get(cluster=cluster, kind="Node").last_error
