@@ -20,7 +20,8 @@ $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 
 $(UV): | $(VENV)/bin/python
-	$(VENV)/bin/pip install -q "uv==$(UV_VERSION)"
+	@$(PY) -m pip --version >/dev/null 2>&1 || $(PY) -m ensurepip >/dev/null
+	$(PY) -m pip install -q --disable-pip-version-check "uv==$(UV_VERSION)"
 
 # The lock files pin every package: a fresh machine installs exactly the tested set.
 $(VENV)/.base: requirements/base.txt | $(UV)

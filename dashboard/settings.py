@@ -7,6 +7,7 @@ a Redis cache and Celery on Redis. Bad values stop start-up with a message namin
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import dj_database_url
@@ -101,7 +102,11 @@ else:
             "ENGINE": "django.db.backends.sqlite3",
             "NAME": env_str("SQLITE_PATH", str(DATA_DIR / "claimscope.sqlite3")),
             # WAL lets the web server read while the in-process workers write.
-            "OPTIONS": {"init_command": "PRAGMA journal_mode=WAL;", "transaction_mode": "IMMEDIATE"},
+            "OPTIONS": {
+                "init_command": "PRAGMA journal_mode=WAL;",
+                "transaction_mode": "IMMEDIATE",
+                "timeout": 30,
+            },
         }
     }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
@@ -141,6 +146,9 @@ STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = Path(env_str("STATIC_ROOT", str(BASE_DIR / "staticfiles")))
 # Serve straight from the finders when collectstatic has not run (demo, tests); production collects.
 WHITENOISE_USE_FINDERS = not PRODUCTION
+if WHITENOISE_USE_FINDERS:
+    # Without collectstatic there is no STATIC_ROOT, by design; WhiteNoise's warning about it is noise.
+    warnings.filterwarnings("ignore", message="No directory at", category=UserWarning)
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["rest_framework.authentication.SessionAuthentication"],

@@ -17,7 +17,7 @@ import math
 import re
 from dataclasses import dataclass
 from fractions import Fraction
-from functools import total_ordering
+from functools import lru_cache, total_ordering
 
 __all__ = [
     "Quantity",
@@ -94,9 +94,12 @@ class Quantity:
         return Quantity(self.value - delta)
 
 
+@lru_cache(maxsize=65536)
 def parse_quantity(text: str) -> Quantity:
     """Parse like ``resource.ParseQuantity``: ``<number><suffix>`` with binary (Ki..Ei), decimal
-    (n, u, m, k, M, G, T, P, E) or exponent (``e3``/``E-2``) suffixes. Raises QuantityError."""
+    (n, u, m, k, M, G, T, P, E) or exponent (``e3``/``E-2``) suffixes. Raises QuantityError.
+
+    Cached: a fleet repeats a few hundred distinct strings millions of times, and Quantity is immutable."""
     if not isinstance(text, str):
         raise QuantityError(f"quantities must be strings, not {type(text).__name__}")
     match = _QUANTITY_RE.match(text)

@@ -26,10 +26,14 @@ Facts copied from the driver source (main, 2026):
 from __future__ import annotations
 
 import hashlib
+import math
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
+
+from fleet.normalize import model_family as normalize_model_family
+from fleet.quantity import parse_quantity as _parse_quantity
 
 Obj = dict[str, Any]
 
@@ -120,17 +124,8 @@ def binary_quantity(value: int) -> str:
 
 
 def parse_quantity(text: str) -> int:
-    """Integer value of a Kubernetes quantity string without fractions ("80Gi", "16", "4k", "1e3")."""
-    s = str(text).strip()
-    for suffix, factor in _BINARY_SUFFIXES_KI:
-        if s.endswith(suffix):
-            return int(s[: -len(suffix)]) * factor
-    if s and s[-1] in _DECIMAL_SUFFIXES:
-        return int(s[:-1]) * _DECIMAL_SUFFIXES[s[-1]]
-    if "e" in s.lower():
-        mant, exp = s.lower().split("e", 1)
-        return int(mant) * 10 ** int(exp)
-    return int(s)
+    """Whole-number value of a Kubernetes quantity string ("80Gi", "16", "4k", "1e3")."""
+    return math.ceil(_parse_quantity(str(text)).value)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -489,14 +484,7 @@ def layout_for_gpu(layout: str | None, index: int) -> str:
     return name
 
 
-def model_family(product_name: str) -> str:
-    """Model family from a productName ("NVIDIA H100 80GB HBM3" -> "H100"); "other" when unknown."""
-    upper = product_name.upper()
-    # Longest keys first so that "GB200" is not read as "B200".
-    for key in sorted(MODELS, key=len, reverse=True):
-        if key in upper.replace("-", " ").split() or f" {key}" in f" {upper}":
-            return key
-    return "other"
+model_family = normalize_model_family  # one definition of the families, shared with normalize
 
 
 def _rfc1123(name: str) -> str:
