@@ -11,6 +11,7 @@ import json
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
+from urllib.parse import urlencode
 
 import urllib3
 
@@ -66,7 +67,8 @@ class Kube:
         if body is not None:
             data = json.dumps(body).encode()
             headers["Content-Type"] = content_type
-        resp = self._http.request(method, self.url + path, body=data, headers=headers, fields=query)
+        url = self.url + path + ("?" + urlencode(query) if query else "")
+        resp = self._http.request(method, url, body=data, headers=headers)
         text = resp.data.decode() if resp.data else ""
         try:
             decoded: Obj = json.loads(text) if text else {}

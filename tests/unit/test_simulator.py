@@ -11,11 +11,12 @@ from typing import Any
 import pytest
 import yaml
 
+from claims.simulation import allocator_schedule
 from fleet.simulator import nvidia as nv
 from fleet.simulator.cluster import SimulatedCluster
 from fleet.simulator.naive_schedule import naive_schedule
 from fleet.simulator.scenarios import monday
-from fleet.simulator.scheduling import Decision
+from fleet.simulator.scheduling import Decision, Schedule
 from fleet.simulator.spec import build_fleet, load_spec, preset, spec_from_dict
 from fleet.simulator.workloads import Simulation, random_workloads, training
 
@@ -285,8 +286,9 @@ def test_a_job_runs_finishes_and_frees_its_devices() -> None:
     assert cluster.allocated_devices() == {}
 
 
-def test_monday_tells_the_on_call_story() -> None:
-    s = monday(seed=0)
+@pytest.mark.parametrize("schedule", [None, allocator_schedule], ids=["naive-stand-in", "allocator-replay"])
+def test_monday_tells_the_on_call_story(schedule: Schedule | None) -> None:
+    s = monday(seed=0, schedule=schedule)
     pods = {p["metadata"]["name"]: p for p in s.cluster.list("Pod")[0]}
     reasons = Counter(
         (
