@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -48,9 +49,7 @@ def _ensure_namespaces(kube: Kube, names: set[str]) -> None:
                 raise
         # The ServiceAccount admission plugin rejects pods until the controller has created it.
         wait_for(
-            f"{ns}/default ServiceAccount",
-            lambda ns=ns: kube.get("ServiceAccount", "default", ns),
-            timeout=30,
+            f"{ns}/default ServiceAccount", partial(kube.get, "ServiceAccount", "default", ns), timeout=30
         )
 
 
