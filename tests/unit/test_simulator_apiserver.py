@@ -1,0 +1,85 @@
+"""The simulator speaks the Kubernetes list/watch HTTP protocol."""
+
+import json
+import threading
+
+import pytest
+import urllib3
+
+from fleet.simulator import nvidia
+from fleet.simulator.apiserver import SimulatorAPIServer
+from fleet.simulator.cluster import SimulatedCluster
+
+TOKEN = "t0ken-for-tests"
+
+
+@pytest.fixture
+def server():
+    cluster = SimulatedCluster(history_limit=20)
+    for i in range(7):
+        cluster.create(nvidia.node_object(f"node-{i}", "B200"))
+    srv = SimulatorAPIServer(cluster, TOKEN)
+    srv.serve_in_thread()
+    yield srv
+    srv.stop()
+
+
+def get(server, path, token=TOKEN, **kw):
+    http = urllib3.PoolManager()
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return http.request("GET", server.url + path, headers=headers, **kw)
+
+
+def test_lists_are_paged_with_continue_tokens_at_one_version(server):
+    first = json.loads(get(server, "/api/v1/nodes?limit=3").data)
+    assert first["kind"] == "NodeList"
+    assert [n["metadata"]["name"] for n in first["items"]] == ["node-0", "node-1", "node-2"]
+    rv = first["metadata"]["resourceVersion"]
+    server.cluster.create(nvidia.node_object("node-late", "B200"))  # not in this list's pages
+    names, token = [], first["metadata"]["continue"]
+    while token:
+        page = json.loads(get(server, f"/api/v1/nodes?limit=3&continue={token}").data)
+        assert page["metadata"]["resourceVersion"] == rv
+        names += [n["metadata"]["name"] for n in page["items"]]
+        token = page["metadata"].get("continue")
+    assert names == [f"node-{i}" for i in range(3, 7)]
+
+
+def test_watch_streams_events_and_bookmarks_as_json_lines(server):
+    rv = json.loads(get(server, "/api/v1/nodes").data)["metadata"]["resourceVersion"]
+    threading.Timer(0.2, lambda: server.cluster.delete("Node", None, "node-3")).start()
+    response = get(
+        server,
+        f"/api/v1/nodes?watch=true&resourceVersion={rv}&allowWatchBookmarks=true&timeoutSeconds=1",
+        preload_content=False,
+    )
+    assert response.headers["Transfer-Encoding"] == "chunked"
+    events = [json.loads(line) for line in response.stream() for line in line.splitlines() if line]
+    assert [e["type"] for e in events] == ["DELETED", "BOOKMARK"]
+    assert events[0]["object"]["metadata"]["name"] == "node-3"
+
+
+def test_a_compacted_version_gets_410_inside_the_stream(server):
+    for i in range(30):
+        server.cluster.create(nvidia.node_object(f"churn-{i}", "H100"))
+    response = get(server, "/api/v1/nodes?watch=1&resourceVersion=1001&timeoutSeconds=1")
+    (event,) = [json.loads(line) for line in response.data.splitlines() if line]
+    assert event["type"] == "ERROR"
+    assert event["object"]["code"] == 410
+
+
+def test_it_refuses_a_wrong_token_and_unknown_paths(server):
+    assert get(server, "/api/v1/nodes", token="nope").status == 401
+    missing = get(server, "/api/v1/secrets")
+    assert missing.status == 404
+    assert json.loads(missing.data)["kind"] == "Status"
+    assert get(server, "/api/v1/nodes?limit=x").status == 400
+
+
+def test_it_writes_a_kubeconfig_the_kubernetes_client_accepts(server, tmp_path):
+    from kubernetes import client, config
+
+    path = server.write_kubeconfig(tmp_path / "kubeconfig")
+    api = config.new_client_from_config(str(path))
+    nodes = client.CoreV1Api(api).list_node()
+    assert len(nodes.items) == 7
