@@ -60,12 +60,13 @@ def _stream(demo: Demo, kind: str) -> None:
         connection.close()
 
 
-def _churn(demo: Demo, speed: float, tick: float = 1.0) -> None:
+def churn(simulation: Simulation, stop: threading.Event, speed: float, tick: float = 1.0) -> None:
+    """Advance the simulation ``speed * tick`` simulated seconds every ``tick`` real seconds until stopped."""
     try:
-        while not demo.stop.wait(tick):
-            demo.simulation.run(demo.simulation.now + timedelta(seconds=speed * tick))
+        while not stop.wait(tick):
+            simulation.run(simulation.now + timedelta(seconds=speed * tick))
     except Exception:
-        log.exception("demo simulation stopped")
+        log.exception("simulation stopped")
     finally:
         close_old_connections()
 
@@ -77,7 +78,11 @@ def start(seed: int = 0, speed: float = 60.0) -> Demo:
         demo.threads.append(
             threading.Thread(target=_stream, args=(demo, kind), name=f"demo-{kind}", daemon=True)
         )
-    demo.threads.append(threading.Thread(target=_churn, args=(demo, speed), name="demo-churn", daemon=True))
+    demo.threads.append(
+        threading.Thread(
+            target=churn, args=(demo.simulation, demo.stop, speed), name="demo-churn", daemon=True
+        )
+    )
     for thread in demo.threads:
         thread.start()
     return demo
