@@ -16,11 +16,17 @@ help:
 	@echo "make lint   - ruff (lint + format check) and mypy"
 	@echo "make cluster - start the test Kubernetes control plane in the foreground (Ctrl-C stops it)"
 
-$(VENV)/bin/python:
+# The stamp is pip: a half-made venv (python3-venv missing) must not look done on the next run.
+$(VENV)/bin/pip:
+	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), sys.version' 2>/dev/null || \
+	  { echo "claimscope needs Python 3.11 as $(PYTHON) (set PYTHON=...)"; exit 1; }
+	@$(PYTHON) -c 'import ensurepip, venv' 2>/dev/null || { [ "$$(id -u)" = 0 ] && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null; } || \
+	  { echo "the venv module is missing: apt-get install python3-venv"; exit 1; }
+	rm -rf $(VENV)
 	$(PYTHON) -m venv $(VENV)
 
-$(UV): | $(VENV)/bin/python
-	@$(PY) -m pip --version >/dev/null 2>&1 || $(PY) -m ensurepip >/dev/null
+$(UV): | $(VENV)/bin/pip
 	$(PY) -m pip install -q --disable-pip-version-check "uv==$(UV_VERSION)"
 
 # The lock files pin every package: a fresh machine installs exactly the tested set.

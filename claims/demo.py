@@ -72,7 +72,12 @@ def churn(simulation: Simulation, stop: threading.Event, speed: float, tick: flo
 
 
 def start(seed: int = 0, speed: float = 60.0) -> Demo:
-    """Start the streams (one thread per kind) and the live churn; returns a handle to stop them."""
+    """Start the streams (one thread per kind) and the live churn; returns a handle to stop them.
+
+    Each run simulates a new cluster whose resourceVersions start over, so the previous run's mirror
+    (and its watch cursors) is dropped first: resuming from old cursors would freeze the old state.
+    """
+    ingest.drop_cluster(CLUSTER_NAME)
     demo = Demo(prepare(seed))
     for kind in KINDS:
         demo.threads.append(

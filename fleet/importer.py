@@ -36,10 +36,10 @@ class ImportReport:
 def normalize_many(kind: str, objects: Iterable[dict[str, Any]], report: ImportReport) -> list[Any]:
     records = []
     for obj in objects:
-        if not is_stored(kind, obj):
-            report.filtered[kind] = report.filtered.get(kind, 0) + 1
-            continue
         try:
+            if not is_stored(kind, obj):
+                report.filtered[kind] = report.filtered.get(kind, 0) + 1
+                continue
             records.append(normalize(kind, obj))
         except NormalizeError as exc:
             log.warning("skipping malformed object: %s", exc)

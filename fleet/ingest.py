@@ -48,6 +48,9 @@ class ChildSpec:
     parent_value: Callable[[Any], str]  # that value from the parent record
     rows: Callable[[Any], list[dict[str, Any]]]
     conflict: tuple[str, ...]
+    # A child published by two parents at once keeps the one with the highest value here (a device in
+    # an old and a new pool generation's slice keeps the newer), whatever order the parents come in.
+    fence: str | None = None
 
 
 @dataclass(frozen=True)
@@ -124,6 +127,19 @@ def replace_all(
     spec = SPECS[kind]
     with transaction.atomic():
         result = BatchResult(kind)
+        stored = WatchCursor.objects.filter(cluster=cluster, kind=kind).values_list(
+            "resource_version", flat=True
+        )
+        if stored and int(stored[0]) > list_resource_version:
+            # The server went back in time (etcd restored, cluster rebuilt under the same name): our
+            # rows may carry versions the server will never reach again, so the fence cannot apply.
+            log.warning("%s/%s: list at %d is older than our cursor %d; replacing all", cluster.name, kind,
+                        list_resource_version, int(stored[0]))  # fmt: skip
+            all_keys = [
+                tuple(k)
+                for k in spec.model._default_manager.filter(cluster=cluster).values_list(*spec.natural_key)
+            ]
+            _delete_keys(cluster, spec, all_keys)
         result.written = _upsert(cluster, spec, records)
         result.stale = len(records) - len(result.written)
         present = {spec.key_of(r) for r in records}
@@ -146,7 +162,21 @@ def get_or_create_cluster(name: str, description: str = "") -> Cluster:
     return cluster
 
 
+def drop_cluster(name: str) -> None:
+    """Forget a cluster and everything mirrored from it (the demo starts each run from scratch)."""
+    Cluster.objects.filter(name=name).delete()
+
+
 # ------------------------------------------------------------------------------------------- SQL
+
+
+OR_CHUNK = 500  # keys per OR-chained DELETE: under SQLite's expression depth limit (1000)
+IN_CHUNK = 10_000  # values per IN list: under both backends' bound-parameter limits
+
+
+def _chunks(items: Sequence[Any], size: int) -> Iterable[Sequence[Any]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
 
 
 def _max_rows(columns: int) -> int:
@@ -167,7 +197,7 @@ def _insert_sql(
     columns: list[str],
     n_rows: int,
     conflict: Sequence[str],
-    fence: bool,
+    fence: str | None,
     returning: Sequence[str],
 ) -> str:
     qn = connection.ops.quote_name
@@ -179,9 +209,8 @@ def _insert_sql(
         f"ON CONFLICT ({', '.join(qn(c) for c in conflict)}) DO UPDATE SET {updates}"
     )
     if fence:
-        # The fence: never let an older resourceVersion overwrite a newer one.
-        rv = qn("resource_version")
-        sql += f" WHERE {table}.{rv} <= excluded.{rv}"
+        # The fence: never let an older version (resourceVersion, pool generation) overwrite a newer one.
+        sql += f" WHERE {table}.{qn(fence)} <= excluded.{qn(fence)}"
     if returning:
         sql += " RETURNING " + ", ".join(qn(c) for c in returning)
     return sql
@@ -191,7 +220,7 @@ def _bulk_upsert(
     model: type[models.Model],
     rows: list[dict[str, Any]],
     conflict: Sequence[str],
-    fence: bool,
+    fence: str | None,
     returning: Sequence[str] = (),
 ) -> list[tuple[Any, ...]]:
     if not rows:
@@ -221,88 +250,115 @@ def _upsert(cluster: Cluster, spec: TableSpec, records: Sequence[Any]) -> list[t
         row["synced_at"] = now
         rows.append(row)
     conflict = ("cluster_id", *spec.natural_key)
+    replaced_uids = _replaced_uids(cluster, spec, records) if spec.children else []
     written = [
-        tuple(r) for r in _bulk_upsert(spec.model, rows, conflict, fence=True, returning=spec.natural_key)
+        tuple(r)
+        for r in _bulk_upsert(
+            spec.model, rows, conflict, fence="resource_version", returning=spec.natural_key
+        )
     ]
     if spec.children and written:
         by_key = {spec.key_of(r): r for r in records}
         written_records = [by_key[k] for k in written]
         for child in spec.children:
-            _replace_children(cluster, child, written_records, now)
+            if child.parent_field == "uid" and replaced_uids:
+                # An object deleted and recreated under the same name: its old children go too.
+                _delete_children_of(cluster, child, replaced_uids)
+            _replace_children(cluster, child, written_records)
     return written
 
 
-def _replace_children(cluster: Cluster, child: ChildSpec, parents: list[Any], now: Any) -> None:
-    parent_values = [child.parent_value(p) for p in parents]
-    manager = child.model._default_manager
-    manager.filter(cluster=cluster, **{f"{child.parent_column}__in": parent_values}).delete()
+def _replaced_uids(cluster: Cluster, spec: TableSpec, records: Sequence[Any]) -> list[str]:
+    """Stored uids that the batch replaces with another uid under the same natural key."""
+    new_uid = {spec.key_of(r): r.meta.uid for r in records}
+    names = sorted({r.meta.name for r in records})
+    manager = spec.model._default_manager
+    old: list[str] = []
+    for chunk in _chunks(names, IN_CHUNK):
+        for row in manager.filter(cluster=cluster, name__in=chunk).values_list(*spec.natural_key, "uid"):
+            key, uid = tuple(row[:-1]), row[-1]
+            if key in new_uid and new_uid[key] != uid:
+                old.append(uid)
+    return old
+
+
+def _replace_children(cluster: Cluster, child: ChildSpec, parents: list[Any]) -> None:
+    _delete_children_of(cluster, child, [child.parent_value(p) for p in parents])
     rows = []
     for parent in parents:
         for row in child.rows(parent):
             row["cluster_id"] = cluster.pk
             rows.append(row)
-    # A child can appear under two parents at once (a device moving to a new pool generation's slice):
-    # the later one wins instead of failing the batch.
-    _bulk_upsert(child.model, _dedupe(rows, child.conflict), ("cluster_id", *child.conflict), fence=False)
+    _bulk_upsert(
+        child.model, _dedupe(rows, child.conflict, child.fence), ("cluster_id", *child.conflict), child.fence
+    )
 
 
-def _dedupe(rows: list[dict[str, Any]], key: Sequence[str]) -> list[dict[str, Any]]:
+def _dedupe(rows: list[dict[str, Any]], key: Sequence[str], fence: str | None) -> list[dict[str, Any]]:
+    """One row per key (PostgreSQL refuses to upsert a row twice in one statement): the newest wins."""
     seen: dict[tuple[Any, ...], dict[str, Any]] = {}
     for row in rows:
-        seen[tuple(row[k] for k in key)] = row
+        k = tuple(row[c] for c in key)
+        if k not in seen or fence is None or row[fence] >= seen[k][fence]:
+            seen[k] = row
     return list(seen.values())
+
+
+def _delete_children_of(cluster: Cluster, child: ChildSpec, parent_values: Sequence[str]) -> None:
+    manager = child.model._default_manager
+    for chunk in _chunks(parent_values, IN_CHUNK):
+        manager.filter(cluster=cluster, **{f"{child.parent_column}__in": chunk}).delete()
 
 
 def _delete(cluster: Cluster, spec: TableSpec, records: Sequence[Any]) -> list[tuple[str, ...]]:
     """Delete objects named by DELETED events: only the same uid, and only if not newer than the event."""
-    if not records:
-        return []
     qn = connection.ops.quote_name
     table = qn(spec.model._meta.db_table)
     cols = [qn(c) for c in spec.natural_key]
     clause = " AND ".join(
         [f"{c} = %s" for c in cols] + [f"{qn('uid')} = %s", f"{qn('resource_version')} <= %s"]
     )
-    params: list[Any] = [cluster.pk]
-    for record in records:
-        params.extend(spec.key_of(record))
-        params.extend([record.meta.uid, Decimal(record.meta.resource_version)])
     returning = [*cols, qn("name"), qn("uid")]
-    sql = (
-        f"DELETE FROM {table} WHERE {qn('cluster_id')} = %s AND ("
-        + " OR ".join(f"({clause})" for _ in records)
-        + f") RETURNING {', '.join(returning)}"
-    )
-    with connection.cursor() as cur:
-        cur.execute(sql, params)
-        rows = cur.fetchall()
     n = len(cols)
-    _delete_children(cluster, spec, {"name": [r[n] for r in rows], "uid": [r[n + 1] for r in rows]})
-    return [tuple(r[:n]) for r in rows]
+    deleted: list[tuple[str, ...]] = []
+    for chunk in _chunks(records, OR_CHUNK):
+        params: list[Any] = [cluster.pk]
+        for record in chunk:
+            params.extend(spec.key_of(record))
+            params.extend([record.meta.uid, Decimal(record.meta.resource_version)])
+        sql = (
+            f"DELETE FROM {table} WHERE {qn('cluster_id')} = %s AND ("
+            + " OR ".join(f"({clause})" for _ in chunk)
+            + f") RETURNING {', '.join(returning)}"
+        )
+        with connection.cursor() as cur:
+            cur.execute(sql, params)
+            rows = cur.fetchall()
+        _delete_children(cluster, spec, {"name": [r[n] for r in rows], "uid": [r[n + 1] for r in rows]})
+        deleted.extend(tuple(r[:n]) for r in rows)
+    return deleted
 
 
 def _delete_keys(cluster: Cluster, spec: TableSpec, keys: list[tuple[str, ...]]) -> list[tuple[str, ...]]:
-    if not keys:
-        return []
-    query = models.Q()
-    for key in keys:
-        query |= models.Q(**dict(zip(spec.natural_key, key, strict=True)))
-    doomed = spec.model._default_manager.filter(models.Q(cluster=cluster) & query)
-    parents = {"name": [], "uid": []}  # type: dict[str, list[str]]
-    for name, uid in doomed.values_list("name", "uid"):
-        parents["name"].append(name)
-        parents["uid"].append(uid)
-    doomed.delete()
-    _delete_children(cluster, spec, parents)
+    """Delete objects by natural key (a relist no longer has them), in chunks."""
+    manager = spec.model._default_manager
+    for chunk in _chunks(keys, OR_CHUNK):
+        query = models.Q()
+        for key in chunk:
+            query |= models.Q(**dict(zip(spec.natural_key, key, strict=True)))
+        doomed = manager.filter(models.Q(cluster=cluster) & query)
+        parents: dict[str, list[str]] = {"name": [], "uid": []}
+        for name, uid in doomed.values_list("name", "uid"):
+            parents["name"].append(name)
+            parents["uid"].append(uid)
+        doomed.delete()
+        _delete_children(cluster, spec, parents)
     return keys
 
 
 def _delete_children(cluster: Cluster, spec: TableSpec, parents: dict[str, list[str]]) -> None:
     for child in spec.children:
-        values = parents[child.parent_field]
-        if values:
-            manager = child.model._default_manager
-            manager.filter(cluster=cluster, **{f"{child.parent_column}__in": values}).delete()
+        _delete_children_of(cluster, child, parents[child.parent_field])
 
 
 def _common_row(record: Any) -> dict[str, Any]:
@@ -453,6 +509,7 @@ register(
                 parent_value=lambda r: r.meta.name,
                 rows=_device_rows,
                 conflict=("driver", "pool", "name"),
+                fence="pool_generation",
             ),
         ),
     ),

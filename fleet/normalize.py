@@ -666,17 +666,25 @@ def pod_uses_gpus(obj: dict[str, Any]) -> bool:
 
 
 def _gpu_requests(spec: dict[str, Any]) -> int:
+    """GPU extended resources the pod's containers ask for; odd shapes count as none (never raise)."""
     total = 0
-    for container in (spec.get("containers") or []) + (spec.get("initContainers") or []):
-        if not isinstance(container, dict):
+    containers = [c for key in ("containers", "initContainers") for c in _list(spec.get(key))]
+    for container in containers:
+        resources = container.get("resources") if isinstance(container, dict) else None
+        if not isinstance(resources, dict):
             continue
-        limits = (container.get("resources") or {}).get("limits") or {}
-        requests = (container.get("resources") or {}).get("requests") or {}
+        limits, requests = resources.get("limits"), resources.get("requests")
+        limits = limits if isinstance(limits, dict) else {}
+        requests = requests if isinstance(requests, dict) else {}
         for name in GPU_EXTENDED_RESOURCES:
             value = requests.get(name, limits.get(name))
-            if isinstance(value, int | str) and str(value).isdigit():
+            if isinstance(value, int | str) and not isinstance(value, bool) and str(value).isdigit():
                 total += int(value)
     return total
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
 
 
 def normalize_pod(obj: Any) -> PodRecord:

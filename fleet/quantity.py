@@ -37,6 +37,7 @@ _QUANTITY_RE = re.compile(
     r"(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?[0-9]+)?$"
 )
 _NANO = Fraction(1, 10**9)
+MAX_EXPONENT = 100
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
@@ -114,7 +115,12 @@ def parse_quantity(text: str) -> Quantity:
     elif suffix in _DECIMAL:
         number *= Fraction(10) ** _DECIMAL[suffix]
     else:  # exponent form
-        number *= Fraction(10) ** int(suffix[1:])
+        exponent = int(suffix[1:])
+        if abs(exponent) > MAX_EXPONENT:
+            # Fraction(10) ** 10_000_000 would take seconds of CPU: a cheap denial of service from a
+            # pasted selector. apimachinery's own scale is an int32; no device capacity needs this.
+            raise QuantityError(f"quantity exponent {exponent} is out of range (|e| <= {MAX_EXPONENT})")
+        number *= Fraction(10) ** exponent
     if (number / _NANO).denominator != 1:
         # apimachinery rounds values more precise than nano units up (away from zero for +).
         number = Fraction(math.ceil(number / _NANO)) * _NANO

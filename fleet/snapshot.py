@@ -15,6 +15,16 @@ import yaml
 from fleet.normalize import KINDS
 
 
+class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+    """YAML as Kubernetes means it: an unquoted 2026-01-01T00:00:00Z stays a string, not a datetime."""
+
+
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+    for first, resolvers in _Loader.yaml_implicit_resolvers.items()
+}
+
+
 class SnapshotError(ValueError):
     """A file we cannot read as Kubernetes objects; the message names the file and the problem."""
 
@@ -50,7 +60,7 @@ def read_text(text: str | bytes, where: str = "<input>") -> list[dict[str, Any]]
         docs = doc if isinstance(doc, list) else [doc]
     else:
         try:
-            docs = list(yaml.load_all(data, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)))
+            docs = list(yaml.load_all(data, Loader=_Loader))
         except yaml.YAMLError as exc:
             raise SnapshotError(f"{where}: invalid YAML: {exc}") from None
     return [obj for doc in docs for obj in _objects(doc, where)]

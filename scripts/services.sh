@@ -10,7 +10,13 @@ ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 RUN="${CLAIMSCOPE_SERVICES_DIR:-$ROOT/.run/services}"
 PG_PORT="${CLAIMSCOPE_PG_PORT:-55432}"
 REDIS_PORT="${CLAIMSCOPE_REDIS_PORT:-56379}"
-PG_DATA="$RUN/pg"
+# PostgreSQL runs as the "postgres" user when we are root, and a checkout under /root (mode 0700) is out
+# of its reach: keep its data outside the checkout, one folder per port.
+if [ "$(id -u)" = 0 ]; then
+  PG_DATA="${CLAIMSCOPE_PG_DATA:-/var/tmp/claimscope-pg-$PG_PORT}"
+else
+  PG_DATA="${CLAIMSCOPE_PG_DATA:-$RUN/pg}"
+fi
 REDIS_DIR="$RUN/redis"
 
 log() { echo "services: $*" >&2; }
@@ -51,11 +57,13 @@ start_pg() {
   mkdir -p "$RUN"
   if [ "$(id -u)" = 0 ]; then
     id postgres >/dev/null 2>&1 || useradd --system --home /var/lib/postgresql --shell /bin/bash postgres
-    chmod 755 "$RUN"
   fi
   if [ ! -f "$PG_DATA/PG_VERSION" ]; then
-    mkdir -p "$PG_DATA"
-    [ "$(id -u)" = 0 ] && chown postgres "$PG_DATA"
+    if [ "$(id -u)" = 0 ]; then
+      install -d -o postgres -m 700 "$PG_DATA"
+    else
+      mkdir -p "$PG_DATA"
+    fi
     as_pg "$bin/initdb" -D "$PG_DATA" -U claimscope --auth=trust -E UTF8 --locale=C.UTF-8 >/dev/null
     cat >>"$PG_DATA/postgresql.conf" <<CONF
 listen_addresses = '127.0.0.1'

@@ -5,7 +5,10 @@ cd "$(dirname "$0")/.."
 VENV=.venv
 
 echo "== services (PostgreSQL, Redis)"
-eval "$(scripts/services.sh start | sed 's/^/export /')"
+# Not eval "$(…)": a failing command substitution would be ignored and tests would run on SQLite.
+service_env=$(scripts/services.sh start)
+eval "$(sed 's/^/export /' <<<"$service_env")"
+: "${DATABASE_URL:?services.sh did not provide DATABASE_URL}" "${REDIS_URL:?services.sh did not provide REDIS_URL}"
 # The production configuration (PostgreSQL, Redis) with a throw-away key; plain http for the browser.
 export SECRET_KEY="test-$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')"
 export SECURE_COOKIES=0

@@ -15,6 +15,7 @@ import base64
 import hmac
 import json
 import logging
+import os
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -102,8 +103,10 @@ class SimulatorAPIServer(ThreadingHTTPServer):
             "contexts": [{"name": context, "context": {"cluster": context, "user": context}}],
             "current-context": context,
         }
-        path.write_text(json.dumps(config, indent=2))
-        path.chmod(0o600)
+        # Created 0600 from the start: it holds the bearer token.
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(config, indent=2))
         return path
 
     def serve_in_thread(self) -> threading.Thread:
@@ -169,6 +172,8 @@ class _Handler(BaseHTTPRequestHandler):
     def _list(self, kind: str, api_version: str, query: dict[str, str]) -> None:
         try:
             limit = int(query.get("limit") or 0)
+            if limit < 0:
+                raise ValueError
         except ValueError:
             self._send_json(400, status(400, "BadRequest", f"invalid limit {query.get('limit')!r}"))
             return
@@ -178,8 +183,8 @@ class _Handler(BaseHTTPRequestHandler):
             if decoded is None:
                 self._send_json(410, status(410, "Expired", "the provided continue parameter is too old"))
                 return
-            key, offset, rv = decoded
-            items = self.server.pages.get(key)
+            key, offset, rv, token_kind = decoded
+            items = self.server.pages.get(key) if token_kind == kind else None
             if items is None:
                 self._send_json(410, status(410, "Expired", "the provided continue parameter is too old"))
                 return
@@ -192,27 +197,29 @@ class _Handler(BaseHTTPRequestHandler):
             page = page[:limit]
             if not key:
                 key = self.server.pages.start(items)
-            meta["continue"] = self._encode_continue(key, offset + limit, rv)
+            meta["continue"] = self._encode_continue(key, offset + limit, rv, kind)
             meta["remainingItemCount"] = len(items) - offset - limit
         self._send_json(
             200, {"kind": f"{kind}List", "apiVersion": api_version, "metadata": meta, "items": page}
         )
 
     @staticmethod
-    def _encode_continue(key: str, offset: int, rv: str) -> str:
-        return base64.urlsafe_b64encode(orjson.dumps([key, offset, rv])).decode()
+    def _encode_continue(key: str, offset: int, rv: str, kind: str) -> str:
+        return base64.urlsafe_b64encode(orjson.dumps([key, offset, rv, kind])).decode()
 
     @staticmethod
-    def _decode_continue(token: str) -> tuple[str, int, str] | None:
+    def _decode_continue(token: str) -> tuple[str, int, str, str] | None:
         try:
-            key, offset, rv = orjson.loads(base64.urlsafe_b64decode(token.encode()))
-            return str(key), int(offset), str(rv)
+            key, offset, rv, kind = orjson.loads(base64.urlsafe_b64decode(token.encode()))
+            return str(key), max(0, int(offset)), str(rv), str(kind)
         except (ValueError, TypeError, orjson.JSONDecodeError):
             return None
 
     def _watch(self, kind: str, query: dict[str, str]) -> None:
         try:
             timeout = min(float(query.get("timeoutSeconds") or MAX_WATCH_SECONDS), MAX_WATCH_SECONDS)
+            if not timeout > 0:  # also refuses NaN
+                raise ValueError
         except ValueError:
             self._send_json(
                 400, status(400, "BadRequest", f"invalid timeoutSeconds {query.get('timeoutSeconds')!r}")

@@ -189,3 +189,52 @@ def test_the_last_change_of_an_object_in_a_batch_wins(cluster):
     n = node("n1", 1)
     ingest.apply_batch(cluster, "Node", [Change("upsert", n), Change("delete", copy.copy(n))])
     assert not Node.objects.exists()
+
+
+def test_a_claim_recreated_under_its_name_drops_the_old_allocations(cluster):
+    ingest.apply_batch(
+        cluster, "ResourceClaim", upserts(claim_record("c", 5, devices=[("p", "gpu-0")], uid="u1"))
+    )
+    # Deleted and recreated within one batch (or a relist after a missed delete): only the new uid remains.
+    ingest.apply_batch(
+        cluster,
+        "ResourceClaim",
+        [Change("delete", claim_record("c", 6, uid="u1")), Change("upsert", claim_record("c", 7, uid="u2"))],
+    )
+    assert list(DeviceAllocation.objects.values_list("claim_uid", flat=True)) == []
+    assert ResourceClaim.objects.get(name="c").uid == "u2"
+
+
+def test_a_device_keeps_its_newest_pool_generation_whatever_the_slice_order(cluster):
+    (new_obj,) = nvidia.node_slices("n1", "B200", mode="full", gpus=1, generation=2)
+    (old_obj,) = nvidia.node_slices("n1", "B200", mode="full", gpus=1, generation=1)
+    new_obj["metadata"].update(name="a-new", uid="uid-new", resourceVersion="10")
+    old_obj["metadata"].update(name="z-old", uid="uid-old", resourceVersion="5")
+    records = [normalize("ResourceSlice", new_obj), normalize("ResourceSlice", old_obj)]
+    ingest.replace_all(cluster, "ResourceSlice", records, list_resource_version=10)
+    device = Device.objects.get()
+    assert (device.slice_name, device.pool_generation) == ("a-new", 2)
+    ingest.apply_batch(cluster, "ResourceSlice", [Change("delete", records[1])])
+    assert Device.objects.filter(name="gpu-0", slice_name="a-new").exists()
+
+
+def test_large_deletes_and_relists_work_in_chunks(cluster):
+    nodes = [node(f"n{i:05d}", 10 + i) for i in range(2500)]
+    ingest.apply_batch(cluster, "Node", upserts(*nodes))
+    result = ingest.apply_batch(cluster, "Node", [Change("delete", n) for n in nodes[:1200]])
+    assert len(result.deleted) == 1200
+    result = ingest.replace_all(cluster, "Node", [], list_resource_version=10_000)
+    assert len(result.deleted) == 1300
+    assert not Node.objects.exists()
+
+
+def test_a_list_older_than_the_cursor_replaces_everything(cluster):
+    ingest.apply_batch(cluster, "Node", upserts(node("ghost", 900)), cursor=CursorUpdate(900))
+    # The cluster was rebuilt: its versions restart lower than ours.
+    ingest.replace_all(cluster, "Node", [node("fresh", 12)], list_resource_version=20)
+    assert names_of(Node) == ["fresh"]
+    assert int(WatchCursor.objects.get(cluster=cluster, kind="Node").resource_version) == 20
+
+
+def names_of(model):
+    return sorted(model.objects.values_list("name", flat=True))

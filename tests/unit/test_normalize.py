@@ -296,3 +296,28 @@ def test_mutated_objects_raise_only_normalize_error(data):
         mutated = _mutate(mutated, path, data.draw(st.sampled_from(["drop", "replace"])), data.draw(_junk))
     with contextlib.suppress(NormalizeError):
         normalize(kind, mutated)
+
+
+def test_odd_pod_shapes_are_not_gpu_pods_rather_than_errors():
+    assert not is_stored("Pod", {"spec": {"containers": {"a": 1}}})
+    assert not is_stored("Pod", {"spec": {"containers": [{"resources": {"limits": ["x"]}}]}})
+    assert not is_stored(
+        "Pod", {"spec": {"containers": [{"resources": {"limits": {"nvidia.com/gpu": True}}}]}}
+    )
+
+
+def test_unquoted_yaml_timestamps_stay_strings():
+    from fleet.snapshot import read_text
+
+    (obj,) = read_text(
+        "kind: Node\nmetadata: {name: a, uid: u, resourceVersion: '1', creationTimestamp: 2026-01-01T00:00:00Z}\n"
+    )
+    assert normalize("Node", obj).meta.created_at is not None
+    assert obj["metadata"]["creationTimestamp"] == "2026-01-01T00:00:00Z"
+
+
+def test_huge_quantity_exponents_are_refused_quickly():
+    from fleet.quantity import QuantityError, parse_quantity
+
+    with pytest.raises(QuantityError, match="out of range"):
+        parse_quantity("1e999999999")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import secrets
 from pathlib import Path
 from typing import Any
@@ -23,8 +24,8 @@ def demo_password() -> str:
         return path.read_text().strip()
     path.parent.mkdir(parents=True, exist_ok=True)
     password = secrets.token_urlsafe(12)
-    path.write_text(password)
-    path.chmod(0o600)
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+        f.write(password)
     return password
 
 
