@@ -30,7 +30,7 @@ def expected() -> dict[str, Any]:
 
 
 def test_committed_files_match_the_generator(items: list[dict[str, Any]], expected: dict[str, Any]) -> None:
-    objs, exp = build_fixtures.build_small()
+    objs, exp = build_fixtures.build_all()
     assert build_fixtures.as_list(objs)["items"] == items, "re-run tests/fixtures/build_fixtures.py"
     assert exp == expected
 
