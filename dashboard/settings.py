@@ -7,7 +7,9 @@ a Redis cache and Celery on Redis. Bad values stop start-up with a message namin
 
 from __future__ import annotations
 
+import os
 import warnings
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -21,6 +23,9 @@ DATA_DIR = Path(env_str("CLAIMSCOPE_DATA_DIR", str(BASE_DIR / ".run")))
 DATABASE_URL = env_url("DATABASE_URL", ("postgres", "postgresql", "sqlite"))
 REDIS_URL = env_url("REDIS_URL", ("redis", "rediss", "unix"))
 PRODUCTION = DATABASE_URL is not None and not DATABASE_URL.startswith("sqlite")
+if PRODUCTION and REDIS_URL is None:
+    # PostgreSQL without Redis would leave workers' change events unseen by web processes, silently.
+    raise ConfigError("REDIS_URL", "", "a redis:// URL: required with a PostgreSQL DATABASE_URL")
 
 DEBUG = env_bool("DJANGO_DEBUG", False)
 
@@ -29,8 +34,8 @@ def _secret_key() -> str:
     """SECRET_KEY is required in production; the demo keeps a generated one in its data folder."""
     key = env_str("SECRET_KEY")
     if key:
-        if len(key) < 32:
-            raise ConfigError("SECRET_KEY", "<hidden>", "at least 32 characters")
+        if len(key) < 50:  # what `check --deploy` asks for
+            raise ConfigError("SECRET_KEY", "<hidden>", "a random string of at least 50 characters")
         return key
     if PRODUCTION:
         raise ConfigError(
@@ -41,8 +46,8 @@ def _secret_key() -> str:
         return path.read_text().strip()
     DATA_DIR.mkdir(parents=True, exist_ok=True)
     key = get_random_secret_key()
-    path.write_text(key)
-    path.chmod(0o600)
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+        f.write(key)
     return key
 
 
@@ -59,6 +64,10 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
+    "django_filters",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "rest_framework.authtoken",
     "channels",
     "fleet",
     "claims",
@@ -112,8 +121,13 @@ else:
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 if REDIS_URL:
+    # redis-py 8 reads with a 5 s socket timeout by default, exactly channels-redis's 5 s BZPOPMIN: an idle
+    # websocket consumer then dies with "Timeout reading" whenever its event loop lags. Read longer.
     CHANNEL_LAYERS = {
-        "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}}
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 15}]},
+        }
     }
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}}
 else:
@@ -127,6 +141,24 @@ CELERY_TASK_ALWAYS_EAGER = REDIS_URL is None
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# Watchers (fleet/tasks.py, docs/watchers.md): one stream per (cluster, kind) on the "watch" queue.
+CELERY_TASK_ROUTES = {"fleet.tasks.*": {"queue": "watch"}}
+CELERY_BEAT_SCHEDULE = {
+    "restart-lapsed-streams": {
+        "task": "fleet.tasks.restart_lapsed_streams",
+        "schedule": float(env_int("CLAIMSCOPE_WATCH_BEAT_SECONDS", 30, minimum=1)),
+    }
+}
+CLAIMSCOPE_WATCH_TIMEOUT = env_int("CLAIMSCOPE_WATCH_TIMEOUT", 0, minimum=0)  # 0: random 5-10 minutes
+CLAIMSCOPE_WATCH_LOCK_TTL = env_int("CLAIMSCOPE_WATCH_LOCK_TTL", 30, minimum=1)
+CLAIMSCOPE_WATCH_FORBIDDEN_RETRY = env_int("CLAIMSCOPE_WATCH_FORBIDDEN_RETRY", 300, minimum=1)
+CLAIMSCOPE_WATCH_BACKOFF_MAX = env_int("CLAIMSCOPE_WATCH_BACKOFF_MAX", 30, minimum=1)
+# Allocation history (fleet/tasks_history.py): a sample a minute, downsampling hourly.
+CELERY_IMPORTS = ("fleet.tasks_history",)  # not a `tasks` module: autodiscovery does not find it
+CELERY_BEAT_SCHEDULE |= {
+    "history-sample": {"task": "fleet.tasks_history.sample_allocation", "schedule": 60.0},
+    "history-downsample": {"task": "fleet.tasks_history.downsample_history", "schedule": 3600.0},
+}
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
@@ -151,15 +183,102 @@ if WHITENOISE_USE_FINDERS:
     warnings.filterwarnings("ignore", message="No directory at", category=UserWarning)
 
 REST_FRAMEWORK = {
-    "DEFAULT_AUTHENTICATION_CLASSES": ["rest_framework.authentication.SessionAuthentication"],
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_THROTTLE_CLASSES": [
+        "rest_framework.throttling.AnonRateThrottle",
+        "rest_framework.throttling.UserRateThrottle",
+    ],
+    "DEFAULT_THROTTLE_RATES": {
+        "anon": env_str("API_THROTTLE_ANON", "60/min"),
+        "user": env_str("API_THROTTLE_USER", "1200/min"),
+    },
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "claimscope API",
+    "DESCRIPTION": "Read-only REST API over a Kubernetes DRA GPU fleet (see docs/api.md).",
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],
+    "SWAGGER_UI_SETTINGS": {"deepLinking": True, "validatorUrl": None},
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "fleet.api_schema.add_error_responses",
+    ],
+    "SWAGGER_UI_DIST": "SIDECAR",  # swagger-ui served from our static files, never a CDN
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
 }
 
+# Security. Production (DATABASE_URL set) is HTTPS-only; SECURE_COOKIES=0 turns that off for tests over
+# plain http. The documented production environment passes `manage.py check --deploy` (docs/operations.md).
+if DEBUG and PRODUCTION:
+    raise ConfigError(
+        "DJANGO_DEBUG",
+        env_str("DJANGO_DEBUG"),
+        "unset or 0 when DATABASE_URL is set (production): DEBUG shows "
+        "settings and tracebacks to every visitor",
+    )
+HTTPS_ONLY = PRODUCTION and env_bool("SECURE_COOKIES", True)
 SESSION_COOKIE_HTTPONLY = True
-SESSION_COOKIE_SECURE = PRODUCTION and env_bool("SECURE_COOKIES", True)
-CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+SESSION_COOKIE_SECURE = HTTPS_ONLY
+CSRF_COOKIE_SECURE = HTTPS_ONLY
+SECURE_SSL_REDIRECT = HTTPS_ONLY
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 31_536_000 if HTTPS_ONLY else 0, minimum=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", True)
+SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", True)
+if env_bool("BEHIND_TLS_PROXY", False):
+    # Only behind a proxy that sets (and strips from clients) X-Forwarded-Proto.
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 X_FRAME_OPTIONS = "DENY"
 SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+# django-csp: our own static JS/CSS only. Plotly inserts <style> rules at run time (style-src needs
+# 'unsafe-inline'), uses data:/blob: images for its icons and downloads, and no eval in its non-WebGL traces.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": ["'self'"],
+        "script-src": ["'self'"],
+        "style-src": ["'self'", "'unsafe-inline'"],
+        "img-src": ["'self'", "data:", "blob:"],
+        "font-src": ["'self'"],
+        "connect-src": ["'self'"],  # 'self' includes same-origin ws:/wss: (CSP level 3)
+        "object-src": ["'none'"],
+        "base-uri": ["'none'"],
+        "form-action": ["'self'"],
+        "frame-ancestors": ["'none'"],
+    }
+}
+# Login rate limit (django-axes, database handler: shared by all web replicas): 5 failures for one
+# username from one address lock that pair out for 15 minutes; a success resets the count.
+AXES_FAILURE_LIMIT = env_int("LOGIN_FAILURE_LIMIT", 5, minimum=1)
+AXES_COOLOFF_TIME = timedelta(minutes=env_int("LOGIN_COOLOFF_MINUTES", 15, minimum=1))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_TEMPLATE = "429.html"
+AXES_HTTP_RESPONSE_CODE = 429
+AXES_DISABLE_ACCESS_LOG = True  # failures are kept; successful logins are not worth a row each
+AXES_VERBOSE = False  # dashboard.security logs failures and lockouts in our own format
+INSTALLED_APPS += ["csp", "axes"]
+AUTHENTICATION_BACKENDS = [
+    "dashboard.security.LoginAttemptBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+# Probes first (before host checks and the HTTPS redirect); CSP and 403 logging right after
+# SecurityMiddleware, outside CSRF and auth so they see their answers; axes last, as it requires.
+_after_security = MIDDLEWARE.index("django.middleware.security.SecurityMiddleware") + 1
+MIDDLEWARE = [
+    "dashboard.security.ProbeMiddleware",
+    *MIDDLEWARE[:_after_security],
+    "csp.middleware.CSPMiddleware",
+    "dashboard.security.DenialLogMiddleware",
+    *MIDDLEWARE[_after_security:],
+    "axes.middleware.AxesMiddleware",
+]
 
 # claimscope's own settings.
 CLAIMSCOPE_INGEST_GROUP = "fleet-changes"

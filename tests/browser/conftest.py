@@ -26,8 +26,10 @@ def chromium_path():
     return path
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser(chromium_path):
+    # Module scope, not session: Playwright's sync API keeps an event loop running in this thread while
+    # it is open, and later tests that call async_to_sync (websocket tests) would fail under it.
     # Playwright's sync API runs an event loop in this thread; Django's ORM calls made by the test itself
     # are still synchronous and safe here.
     os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")

@@ -309,9 +309,11 @@ def test_odd_pod_shapes_are_not_gpu_pods_rather_than_errors():
 def test_unquoted_yaml_timestamps_stay_strings():
     from fleet.snapshot import read_text
 
-    (obj,) = read_text(
-        "kind: Node\nmetadata: {name: a, uid: u, resourceVersion: '1', creationTimestamp: 2026-01-01T00:00:00Z}\n"
+    text = (
+        "kind: Node\n"
+        "metadata: {name: a, uid: u, resourceVersion: '1', creationTimestamp: 2026-01-01T00:00:00Z}"
     )
+    (obj,) = read_text(text)
     assert normalize("Node", obj).meta.created_at is not None
     assert obj["metadata"]["creationTimestamp"] == "2026-01-01T00:00:00Z"
 

@@ -25,7 +25,12 @@ def start(**env):
     [
         ({"DATABASE_URL": "mysql://x/y"}, "DATABASE_URL"),
         ({"REDIS_URL": "http://localhost"}, "REDIS_URL"),
-        ({"DATABASE_URL": "postgres://u@h/db"}, "SECRET_KEY"),
+        ({"DATABASE_URL": "postgres://u@h/db", "REDIS_URL": "redis://h:6379/0"}, "SECRET_KEY"),
+        ({"DATABASE_URL": "postgres://u@h/db", "SECRET_KEY": "k" * 60}, "REDIS_URL"),
+        (
+            {"DATABASE_URL": "postgres://u@h/db", "REDIS_URL": "redis://h/0", "SECRET_KEY": "short"},
+            "SECRET_KEY",
+        ),
         ({"DJANGO_DEBUG": "maybe"}, "DJANGO_DEBUG"),
     ],
 )

@@ -1,4 +1,5 @@
-"""pytest plumbing for tests against the real control plane (see launcher.py).
+"""pytest plumbing for tests against the real control plane (see launcher.py); loaded for the whole
+session by the root conftest.py.
 
 The control plane is built (if needed) and started once per session. A failure to build or start
 fails every test that uses it, loudly, with the log tail: these tests are never skipped.
