@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from django.db import DatabaseError, close_old_connections, connection
 from django.utils import timezone
 
 from fleet import ingest
@@ -209,27 +210,70 @@ class Reflector:
 
     # ----------------------------------------------------------------------------------------- loop
 
+    def round(self, stop: threading.Event, failures: int = 0) -> Round:
+        """One round: resume from the cursor (or relist), then watch until the server ends the watch.
+
+        Every fault is handled here and turns into the delay before the next round, so a caller (the
+        foreground loop or a Celery task that re-enqueues itself) never sees an exception from the source.
+        """
+        try:
+            rv = self.stored_resource_version()
+            if rv is None:
+                rv = self.relist()
+            self.watch(rv, stop)
+            return Round("watched", 0.0, 0)
+        except Gone as exc:
+            log.info("%s/%s: %s; relisting", self.cluster.name, self.kind, exc)
+            # "listing" drops the cursor: the next round lists and replaces, deleting what is gone.
+            self.record_state("listing", str(exc))
+            return Round("gone", 0.0, 0)
+        except Forbidden as exc:
+            log.warning("%s/%s: forbidden: %s", self.cluster.name, self.kind, exc)
+            self.record_state("forbidden", str(exc))
+            return Round("forbidden", self.config.forbidden_retry, failures)
+        except (SourceError, OSError, DatabaseError) as exc:
+            # OSError: connection refused/reset below the client; DatabaseError: PostgreSQL went away.
+            delay = self.backoff(failures)
+            log.warning("%s/%s: %s; retrying in %.1fs", self.cluster.name, self.kind, exc, delay)
+            if isinstance(exc, DatabaseError):
+                close_old_connections()
+            self.record_state("backoff", f"{type(exc).__name__}: {exc}")
+            return Round("backoff", delay, failures + 1)
+
+    def backoff(self, failures: int) -> float:
+        return self.backoff_for(self.config, failures)
+
+    @staticmethod
+    def backoff_for(config: StreamConfig, failures: int) -> float:
+        """About backoff_min, doubling per consecutive failure up to backoff_max, with +-20% jitter."""
+        base = min(config.backoff_max, config.backoff_min * (2 ** min(failures, 16)))
+        return base * random.uniform(0.8, 1.2)
+
+    def record_state(self, state: str, error: str) -> None:
+        try:
+            self.set_state(state, error)
+        except DatabaseError as exc:  # the database is down too; the next round records the state
+            log.warning("%s/%s: cannot record state %s: %s", self.cluster.name, self.kind, state, exc)
+            close_old_connections()
+            connection.close()
+
     def run(self, stop: threading.Event, max_watches: int | None = None) -> None:
-        """Resume (or list), watch, and repeat until ``stop`` is set; every fault is handled here."""
-        backoff = self.config.backoff_min
+        """Rounds until ``stop`` is set (or ``max_watches`` watches ended normally)."""
+        failures = 0
         watches = 0
-        rv = self.stored_resource_version()
         while not stop.is_set() and (max_watches is None or watches < max_watches):
-            try:
-                if rv is None:
-                    rv = self.relist()
-                rv = self.watch(rv, stop)
-                watches += 1
-                backoff = self.config.backoff_min
-            except Gone as exc:
-                log.info("%s/%s: %s; relisting", self.cluster.name, self.kind, exc)
-                rv = None
-            except Forbidden as exc:
-                log.warning("%s/%s: forbidden: %s", self.cluster.name, self.kind, exc)
-                self.set_state("forbidden", str(exc))
-                stop.wait(self.config.forbidden_retry)
-            except (SourceError, OSError) as exc:  # OSError: connection refused/reset below the client
-                log.warning("%s/%s: %s; retrying in %.1fs", self.cluster.name, self.kind, exc, backoff)
-                self.set_state("backoff", str(exc))
-                stop.wait(backoff * random.uniform(0.8, 1.2))
-                backoff = min(self.config.backoff_max, backoff * 2)
+            result = self.round(stop, failures)
+            failures = result.failures
+            watches += result.outcome == "watched"
+            if result.delay:
+                stop.wait(result.delay)
+
+
+@dataclass(frozen=True)
+class Round:
+    """How a round ended: watched / gone / forbidden / backoff; the delay before the next one; the
+    number of consecutive failures (for the backoff)."""
+
+    outcome: str
+    delay: float
+    failures: int

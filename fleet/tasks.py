@@ -1,0 +1,85 @@
+"""Celery tasks that keep every (cluster, kind) stream running, on the "watch" queue.
+
+``watch_stream`` runs one round (resume or list, watch until the server's timeout, batches through ingest
+with the cursor in the same transaction) under the stream's Redis lock, then re-enqueues itself with the
+lock handed to the new message. ``restart_lapsed_streams`` (beat, every 30 s) starts a stream whose lock
+has lapsed: a worker died, a message was lost, or Redis lost its keys. Both are idempotent; duplicates exit
+at the lock, and ingest's resourceVersion fence makes an overlapping writer harmless.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import redis
+from celery import shared_task
+from celery.signals import worker_shutting_down
+
+from fleet import clusters
+from fleet.kube import streams
+from fleet.kube.lock import StreamLock
+
+log = logging.getLogger(__name__)
+
+# Stop events of the rounds running in this worker: a warm shutdown ends their watches promptly, and
+# each hands its stream over to the queue for another worker.
+_running: set[threading.Event] = set()
+_running_lock = threading.Lock()
+
+
+@worker_shutting_down.connect
+def _stop_rounds(**_: Any) -> None:
+    with _running_lock:
+        for stop in _running:
+            stop.set()
+
+
+@shared_task(queue="watch", acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+def watch_stream(cluster: str, kind: str, token: str = "", failures: int = 0) -> str:
+    """One watch round of a stream, then re-enqueue; returns what happened (for logs and tests)."""
+    if kind not in streams.STREAM_KINDS:
+        log.error("watch_stream: unknown kind %r", kind)
+        return "unknown-kind"
+    stop = threading.Event()
+    with _running_lock:
+        _running.add(stop)
+    try:
+        result, successor = streams.locked_round(streams.redis_client(), cluster, kind, stop, token, failures)
+    finally:
+        with _running_lock:
+            _running.discard(stop)
+    if result is None:
+        return "busy"
+    if successor is None:
+        return "lost"
+    if result.outcome == "unconfigured":
+        streams.release(successor, cluster, kind)
+        return result.outcome
+    if watch_stream.app.conf.task_always_eager:
+        # Without a broker there is no queue to come back through; `manage.py watch` is the loop then.
+        return result.outcome
+    watch_stream.apply_async((cluster, kind, successor, result.failures), countdown=result.delay)
+    return result.outcome
+
+
+@shared_task(queue="watch", ignore_result=True)
+def restart_lapsed_streams() -> list[str]:
+    """Enqueue a round for every configured stream nobody holds; returns the streams started."""
+    client = streams.redis_client()
+    started: list[str] = []
+    for config in clusters.configured():
+        for kind in streams.STREAM_KINDS:
+            lock = StreamLock(client, config.name, kind, streams.lock_ttl())
+            try:
+                if lock.held_by_anyone():
+                    continue
+            except redis.RedisError as exc:
+                log.warning("restart_lapsed_streams: Redis unavailable: %s", exc)
+                return started
+            watch_stream.delay(config.name, kind)
+            started.append(f"{config.name}/{kind}")
+    if started:
+        log.info("restarted %d lapsed stream(s): %s", len(started), ", ".join(started))
+    return started

@@ -1,0 +1,131 @@
+"""List + watch of every kind against the real control plane: initial sync, changes, two clusters."""
+
+from __future__ import annotations
+
+import pytest
+
+from fleet import clusters, ingest
+from fleet.kube import streams
+from fleet.kube.kubesource import KubeConfigError, KubeSource
+from fleet.kube.reflector import Reflector
+from fleet.kube.source import Forbidden
+from fleet.models import Node
+from tests.controlplane.kube import Kube, wait_for
+from tests.controlplane.launcher import ControlPlane
+from tests.watch.helpers import VISIBLE_WITHIN, cursor_state, make, stored, verify, wait_converged
+
+NAMESPACED = {"ResourceClaim", "ResourceClaimTemplate", "Pod", "Event"}
+
+pytestmark = pytest.mark.controlplane
+
+
+def ns_of(kind: str, namespace: str) -> str:
+    return namespace if kind in NAMESPACED else ""
+
+
+def test_initial_sync_stores_one_object_of_every_kind(control_plane, kube, namespace, watch_clusters):
+    for kind in streams.STREAM_KINDS:
+        kube.create(make(kind, f"first-{kind.lower()}", ns_of(kind, namespace)))
+    watch_clusters({"cp": str(control_plane.kubeconfig)})
+    wait_converged("cp")
+    for kind in streams.STREAM_KINDS:
+        assert stored("cp", kind, f"first-{kind.lower()}", ns_of(kind, namespace)), kind
+        assert cursor_state("cp", kind) == "watching"
+
+
+@pytest.mark.parametrize("kind", streams.STREAM_KINDS)
+def test_create_modify_delete_reach_the_database(kind, control_plane, kube: Kube, namespace, watch_clusters):
+    watch_clusters({"cp": str(control_plane.kubeconfig)}, kinds=(kind,))
+    wait_for("the initial list", lambda: cursor_state("cp", kind) == "watching", timeout=30)
+    ns = ns_of(kind, namespace)
+    name = f"w-{kind.lower()}"
+    kube.create(make(kind, name, ns))
+    wait_for(f"{kind} {name} stored", lambda: stored("cp", kind, name, ns), timeout=VISIBLE_WITHIN)
+
+    kube.patch(kind, name, {"metadata": {"labels": {"changed": "yes"}}}, namespace=ns)
+    wait_for(
+        f"{kind} {name} label stored",
+        lambda: (stored("cp", kind, name, ns) or {}).get("labels", {}).get("changed") == "yes",
+        timeout=VISIBLE_WITHIN,
+    )
+
+    kube.request("DELETE", kube.path(kind, name, ns), query={"gracePeriodSeconds": "0"})
+    wait_for(f"{kind} {name} deleted", lambda: stored("cp", kind, name, ns) is None, timeout=VISIBLE_WITHIN)
+
+
+def test_pods_without_gpus_and_unrelated_events_are_not_stored(
+    control_plane, kube, namespace, watch_clusters
+):
+    watch_clusters({"cp": str(control_plane.kubeconfig)}, kinds=("Pod", "Event"))
+    plain = make("Pod", "web", namespace)
+    plain["spec"].pop("resourceClaims")
+    plain["spec"]["containers"][0]["resources"] = {}
+    kube.create(plain)
+    event = make("Event", "pulled", namespace)
+    event["reason"] = "Pulled"
+    kube.create(event)
+    kube.create(make("Pod", "trainer", namespace))
+    wait_for("the GPU pod stored", lambda: stored("cp", "Pod", "trainer", namespace), timeout=VISIBLE_WITHIN)
+    wait_converged("cp", "Event")
+    assert stored("cp", "Pod", "web", namespace) is None
+    assert stored("cp", "Event", "pulled", namespace) is None
+
+
+def test_two_clusters_are_mirrored_without_mixing(
+    control_plane, second_control_plane: ControlPlane, kube, watch_clusters
+):
+    other = second_control_plane.client()
+    kube.create(make("Node", "only-in-a"))
+    other.create(make("Node", "only-in-b"))
+    try:
+        watch_clusters(
+            {"a": str(control_plane.kubeconfig), "b": str(second_control_plane.kubeconfig)},
+            kinds=("Node", "DeviceClass"),
+        )
+        wait_converged("a", "Node")
+        wait_converged("b", "Node")
+        assert stored("a", "Node", "only-in-a") and not stored("a", "Node", "only-in-b")
+        assert stored("b", "Node", "only-in-b") and not stored("b", "Node", "only-in-a")
+        other.create(make("Node", "later-in-b"))
+        wait_for("later-in-b stored", lambda: stored("b", "Node", "later-in-b"), timeout=VISIBLE_WITHIN)
+        assert not stored("a", "Node", "later-in-b")
+    finally:
+        for name in ("only-in-b", "later-in-b"):
+            other.delete("Node", name)
+
+
+def test_verify_reports_ghosts_missing_and_stale_objects(control_plane, kube, transactional_db, monkeypatch):
+    monkeypatch.setenv(clusters.ENV, f"cp=kubeconfig:{control_plane.kubeconfig}")
+    for name in ("real", "lost"):
+        kube.create(make("Node", name))
+    cluster = ingest.get_or_create_cluster("cp")
+    Reflector(cluster, "Node", KubeSource.from_kubeconfig(str(control_plane.kubeconfig))).relist()
+    assert verify("cp", "Node")[0] == 0
+    # Corrupt the stored copy directly, as a buggy writer would.
+    Node.objects.filter(cluster=cluster, name="real").update(resource_version=1)
+    Node.objects.filter(cluster=cluster, name="lost").delete()
+    ghost = Node.objects.get(cluster=cluster, name="real")
+    ghost.pk = None
+    ghost.name, ghost.uid = "ghost", "uid-of-a-ghost"
+    ghost.save()
+    status, output = verify("cp", "Node")
+    assert status == 1
+    assert "cp Node ghost: ghost" in output
+    assert "cp Node lost: missing" in output
+    assert "cp Node real: stale" in output
+
+
+def test_the_in_cluster_service_account_is_used_and_a_bad_token_is_forbidden(control_plane, kube, tmp_path):
+    host, port = control_plane.url.removeprefix("https://").split(":")
+    environ = {"KUBERNETES_SERVICE_HOST": host, "KUBERNETES_SERVICE_PORT": port}
+    kube.create(make("Node", "seen-in-cluster"))
+    bad, good = tmp_path / "bad-token", tmp_path / "token"
+    bad.write_text("not-a-valid-token")
+    good.write_text(control_plane.admin_token)
+    with pytest.raises(Forbidden) as refused:  # 401: the stream shows "forbidden" with this message
+        KubeSource.in_cluster(str(bad), str(control_plane.ca_file), environ).list("Node")
+    assert refused.value.status == 401
+    source = KubeSource.in_cluster(str(good), str(control_plane.ca_file), environ)
+    assert "seen-in-cluster" in [n["metadata"]["name"] for n in source.list("Node")[0]]
+    with pytest.raises(KubeConfigError, match="Service host/port is not set"):
+        KubeSource.in_cluster(str(good), str(control_plane.ca_file), {})
