@@ -1,5 +1,9 @@
-"""Websocket routes (the fleet feed is added by the heatmap work)."""
+"""Websocket routes."""
 
 from typing import Any
 
-websocket_urlpatterns: list[Any] = []
+from django.urls import path
+
+from fleet.consumers import FleetConsumer
+
+websocket_urlpatterns: list[Any] = [path("ws/fleet/", FleetConsumer.as_asgi())]

@@ -9,13 +9,15 @@ The counting rules live in pure functions (:func:`summarize`) so the same semant
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from fractions import Fraction
+from functools import lru_cache
 from typing import Any
 
 from django.apps import apps
+from django.db.models import BooleanField, ExpressionWrapper, Q
 
 from fleet.models import Device, ResourceSlice
 from fleet.normalize import FULL_GPU_SLICES
@@ -70,23 +72,33 @@ class FleetSummary:
 
 
 PoolKey = tuple[int, str, str]  # cluster id, driver, pool
-CounterSets = dict[PoolKey, dict[str, dict[str, Fraction]]]  # pool -> counter set -> counter -> capacity
+CounterSets = dict[PoolKey, dict[str, dict[str, int]]]  # pool -> counter set -> counter -> capacity
 
 
-def counter_sets_of(shared_counters: list[dict[str, Any]]) -> dict[str, dict[str, Fraction]]:
-    """A slice's ``sharedCounters`` as exact capacities; unreadable values count as zero capacity."""
-    out: dict[str, dict[str, Fraction]] = {}
+def counter_sets_of(shared_counters: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    """A slice's ``sharedCounters`` as capacities; unreadable values count as zero capacity."""
+    out: dict[str, dict[str, int]] = {}
     for counter_set in shared_counters:
         counters = counter_set.get("counters") or {}
         out[str(counter_set.get("name"))] = {name: _counter_value(c) for name, c in counters.items()}
     return out
 
 
-def _counter_value(counter: Any) -> Fraction:
+def _counter_value(counter: Any) -> int:
+    raw = counter.get("value", "0") if isinstance(counter, dict) else counter
+    return _parse_counter(str(raw))
+
+
+@lru_cache(maxsize=4096)
+def _parse_counter(text: str) -> int:
+    """Counter values as whole units, rounded up (counters count memory bytes, slices, engines).
+
+    Integers, not Fractions: a large fleet sums hundreds of thousands of them, and Fraction arithmetic
+    was most of a cold summary's time."""
     try:
-        return parse_quantity(str(counter.get("value", "0") if isinstance(counter, dict) else counter)).value
+        return math.ceil(parse_quantity(text).value)
     except QuantityError:
-        return Fraction(0)
+        return 0
 
 
 def unavailable_devices(
@@ -97,7 +109,7 @@ def unavailable_devices(
     This is the partitionable-device (dynamic MIG) rule of the allocator: a partition and its full GPU
     draw on the same counter set, so allocating one blocks the overlapping others.
     """
-    used: dict[tuple[PoolKey, str, str], Fraction] = defaultdict(Fraction)
+    used: dict[tuple[PoolKey, str, str], int] = defaultdict(int)
     for d in devices:
         key = (d["cluster_id"], d["driver"], d["pool"], d["name"])
         if key in allocated:
@@ -115,7 +127,7 @@ def unavailable_devices(
             capacity = sets.get(set_name, {})
             for name, counter in (consumption.get("counters") or {}).items():
                 need = _counter_value(counter)
-                if used[(key[:3], set_name, name)] + need > capacity.get(name, Fraction(0)):
+                if used[(key[:3], set_name, name)] + need > capacity.get(name, 0):
                     blocked.add(key)
     return blocked
 
@@ -142,7 +154,10 @@ def summarize(
         device_key = (d["cluster_id"], d["driver"], d["pool"], d["name"])
         is_allocated = device_key in allocated
         group.total += 1
-        group.memory_bytes += d["memory_bytes"] or 0
+        if is_allocated or not d["counters_consumed"]:
+            # Dynamic-MIG placements overlap (seven 1g placements share one GPU's memory): only the
+            # allocated ones hold memory; adding every possible placement would count it many times.
+            group.memory_bytes += d["memory_bytes"] or 0
         if is_allocated:
             group.allocated += 1
         elif device_key in blocked:
@@ -218,3 +233,146 @@ def allocated_keys(cluster_id: int | None = None) -> set[DeviceKey]:
 def fleet_summary(cluster_id: int | None = None) -> FleetSummary:
     devices, counter_sets = current_devices(cluster_id)
     return summarize(devices, allocated_keys(cluster_id), counter_sets)
+
+
+# ------------------------------------------------------------------------------- heatmap and pages (additive)
+
+HEATMAP_FIELDS = (*SUMMARY_FIELDS, "node_name", "gpu_minor")
+
+
+def heatmap_devices(
+    cluster_ids: Iterable[int] | None = None,
+    model: str = "",
+    pool: str = "",
+    extra: tuple[str, ...] = (),
+    node: str = "",
+    counters: bool = True,
+) -> tuple[list[dict[str, Any]], CounterSets]:
+    """GPU and MIG devices of each pool's highest generation (the :func:`current_devices` rule), with the
+    fields the heatmap places them by, and the pools' counter sets. Two queries, whatever the fleet size.
+
+    With ``counters=False`` the devices' ``counters_consumed`` are not read (decoding that JSON is most of
+    the query's time on a large fleet): each device has ``counters_consumed=[]`` and a ``has_counters``
+    flag; fetch the counters that matter with :func:`device_counters`."""
+    slices = ResourceSlice.objects.all()
+    devices = Device.objects.filter(kind__in=("gpu", "mig"))
+    if cluster_ids is not None:
+        ids = list(cluster_ids)
+        slices = slices.filter(cluster_id__in=ids)
+        devices = devices.filter(cluster_id__in=ids)
+    if pool:
+        slices = slices.filter(pool=pool)
+        devices = devices.filter(pool=pool)
+    if model:
+        devices = devices.filter(model=model)
+    if node:
+        devices = devices.filter(node_name=node)
+        # Counters live in the node's pools' slices, which may not name the node (perDeviceNodeSelection).
+        slices = slices.filter(pool__in=devices.values("pool"))
+    newest: dict[PoolKey, int] = {}
+    counter_sets: CounterSets = defaultdict(dict)
+    rows = slices.values_list("cluster_id", "driver", "pool", "pool_generation", "shared_counters")
+    for cid, driver, pool_name, generation, shared in rows.order_by("pool_generation"):
+        key = (cid, driver, pool_name)
+        if generation > newest.get(key, -1):
+            newest[key] = generation
+            counter_sets[key] = {}
+        counter_sets[key].update(counter_sets_of(shared))
+    fields: tuple[str, ...] = (*HEATMAP_FIELDS, *extra)
+    if not counters:
+        fields = tuple(f for f in fields if f != "counters_consumed")
+        flag = ExpressionWrapper(~Q(counters_consumed=[]), output_field=BooleanField())
+        devices = devices.annotate(has_counters=flag)
+        fields = (*fields, "has_counters")
+    current = [
+        d
+        for d in devices.values(*fields)
+        if d["pool_generation"] >= newest.get((d["cluster_id"], d["driver"], d["pool"]), d["pool_generation"])
+    ]
+    if not counters:
+        for d in current:
+            d["counters_consumed"] = []
+    return current, dict(counter_sets)
+
+
+def device_counters(
+    cluster_ids: Iterable[int], pools: Iterable[str]
+) -> dict[DeviceKey, list[dict[str, Any]]]:
+    """``counters_consumed`` of the GPU/MIG devices of some pools that consume counters; one query."""
+    rows = (
+        Device.objects.filter(
+            cluster_id__in=list(cluster_ids), pool__in=sorted(set(pools)), kind__in=("gpu", "mig")
+        )
+        .exclude(counters_consumed=[])
+        .values_list("cluster_id", "driver", "pool", "name", "counters_consumed")
+    )
+    return {(cid, driver, pool, name): consumed for cid, driver, pool, name, consumed in rows}
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A claim holding a device (adminAccess results excluded), with its state and, when asked for, the
+    consumers (``kind/name`` from ``reservedFor``) using it."""
+
+    namespace: str
+    name: str
+    state: str
+    consumers: tuple[str, ...] = ()
+
+
+def allocation_holders(
+    cluster_ids: Iterable[int] | None = None, pools: Iterable[str] | None = None, consumers: bool = False
+) -> dict[DeviceKey, list[Holder]]:
+    """The claims named in allocation results, per device: one query (allocations joined to claims).
+    Its keys are :func:`allocated_keys`' (the same rule)."""
+    allocation = apps.get_model("claims", "DeviceAllocation")
+    rows = allocation.objects.filter(admin_access=False)
+    if cluster_ids is not None:
+        rows = rows.filter(cluster_id__in=list(cluster_ids))
+    if pools is not None:
+        rows = rows.filter(pool__in=list(pools))
+    out: dict[DeviceKey, list[Holder]] = defaultdict(list)
+    fields = [
+        "cluster_id",
+        "driver",
+        "pool",
+        "device_name",
+        "claim__namespace",
+        "claim__name",
+        "claim__state",
+    ]
+    if consumers:
+        fields.append("claim__reserved_for")
+    for row in rows.values_list(*fields):
+        cid, driver, pool, device, namespace, name, state = row[:7]
+        used_by = tuple(
+            f"{str(c.get('resource', 'pods')).rstrip('s')}/{c.get('name', '')}"
+            for c in (row[7] if consumers else None) or ()
+            if isinstance(c, dict)
+        )
+        out[(cid, driver, pool, device)].append(
+            Holder(namespace or "", name or "", state or "allocated", used_by)
+        )
+    return dict(out)
+
+
+def node_labels(cluster_ids: Iterable[int] | None = None) -> dict[tuple[int, str], dict[str, str]]:
+    """Labels of every node, by (cluster id, node name)."""
+    from fleet.models import Node
+
+    nodes = Node.objects.all()
+    if cluster_ids is not None:
+        nodes = nodes.filter(cluster_id__in=list(cluster_ids))
+    return {
+        (cid, name): labels or {} for cid, name, labels in nodes.values_list("cluster_id", "name", "labels")
+    }
+
+
+def stream_cursors(cluster_ids: Iterable[int] | None = None) -> list[Any]:
+    """Watch cursors with their cluster, by cluster name then kind."""
+    from fleet.models import WatchCursor
+
+    cursors = WatchCursor.objects.select_related("cluster").order_by("cluster__name", "kind")
+    if cluster_ids is not None:
+        cursors = cursors.filter(cluster_id__in=list(cluster_ids))
+    return list(cursors)

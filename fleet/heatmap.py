@@ -1,0 +1,223 @@
+"""The heatmap matrix: one cell per physical GPU, one row per node; pure functions over selector data.
+
+A row is keyed ``"<cluster>/<node>"`` and holds ``[cluster, node, model, pool, cells]``; a cell is
+``[gpu index, allocated compute slices (0..7), flags, MIG layout, claims holding it]``. The value drawn is
+``slices / 7`` (a full-GPU allocation is 7/7; static MIG: the N of allocated "Ng" devices; dynamic MIG: the
+N of allocated partitions), the rule of :func:`fleet.selectors.summarize`. Rows are the unit of change: a
+delta replaces whole rows and removes rows, so applying it is a dictionary update on either side.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from fleet.filters import FleetFilter
+from fleet.normalize import FULL_GPU_SLICES
+from fleet.selectors import CounterSets, DeviceKey, Holder, unavailable_devices
+
+TAINTED = 1  # the GPU or one of its MIG devices carries a NoSchedule/NoExecute taint
+UNAVAILABLE = 2  # some unallocated device is blocked by counters its allocated siblings use (dynamic MIG)
+RESERVED = 4  # some holding claim is reserved for a consumer
+UNRESERVED = 8  # some holding claim is allocated with no consumer (a suspected leak when it lasts)
+
+Cell = list[Any]  # [index, slices, flags, layout, claims]
+Row = list[Any]  # [cluster, node, model, pool, [cells]]
+Rows = dict[str, Row]
+
+
+# A GPU while rows are built: [cluster id, node, pool, model, index, slices used, flags, dynamic,
+# MIG profiles [(slices, profile, allocated)], claims {(namespace, name)}]. Plain lists: 40,000 of them.
+_CID, _NODE, _POOL, _MODEL, _INDEX, _USED, _FLAGS, _DYNAMIC, _PROFILES, _CLAIMS = range(10)
+
+
+def device_key(d: Mapping[str, Any]) -> DeviceKey:
+    return (d["cluster_id"], d["driver"], d["pool"], d["name"])
+
+
+def row_key(cluster: str, node: str) -> str:
+    return f"{cluster}/{node}"
+
+
+def blocked_devices(
+    devices: list[Mapping[str, Any]], allocated: set[DeviceKey], counter_sets: CounterSets
+) -> set[DeviceKey]:
+    """:func:`fleet.selectors.unavailable_devices`, evaluated only where it can find something: devices
+    sharing a counter set with an allocated device. (A device that would not fit its counter set even with
+    nothing allocated, i.e. a malformed slice, is therefore not flagged here.)"""
+    touched: set[tuple[int, str, str, str]] = set()
+    for d in devices:
+        if d["counters_consumed"] and (d["cluster_id"], d["driver"], d["pool"], d["name"]) in allocated:
+            for c in d["counters_consumed"]:
+                touched.add((d["cluster_id"], d["driver"], d["pool"], str(c.get("counterSet"))))
+    if not touched:
+        return set()
+    candidates = [
+        d
+        for d in devices
+        if d["counters_consumed"]
+        and any(
+            (d["cluster_id"], d["driver"], d["pool"], str(c.get("counterSet"))) in touched
+            for c in d["counters_consumed"]
+        )
+    ]
+    return unavailable_devices(candidates, allocated, counter_sets)  # type: ignore[arg-type]
+
+
+def build_rows(
+    devices: Iterable[Mapping[str, Any]],
+    allocated: set[DeviceKey],
+    counter_sets: CounterSets,
+    holders: Mapping[DeviceKey, list[Holder]],
+    cluster_names: Mapping[int, str],
+    labels: Mapping[tuple[int, str], Mapping[str, str]],
+    filters: FleetFilter,
+) -> Rows:
+    """Rows of the heatmap for GPU/MIG device dicts (the fields of ``selectors.HEATMAP_FIELDS``).
+
+    Precondition: ``devices`` are current (highest pool generation) and already narrowed by cluster,
+    model and pool; the node-label and state filters apply here.
+    """
+    devices = list(devices)
+    blocked = blocked_devices(devices, allocated, counter_sets)
+    gpus: dict[tuple[int, str], list[Any]] = {}
+    for d in devices:
+        gpu_uuid = d["gpu_uuid"]
+        if not gpu_uuid:
+            continue
+        cid = d["cluster_id"]
+        gpu = gpus.get((cid, gpu_uuid))
+        if gpu is None:
+            node = d["node_name"] or d["pool"]
+            gpu = gpus[(cid, gpu_uuid)] = [cid, node, d["pool"], d["model"], None, 0, 0, False, [], set()]
+        kind = d["kind"]
+        if d["gpu_minor"] is not None and (kind == "gpu" or gpu[_INDEX] is None):
+            gpu[_INDEX] = d["gpu_minor"]
+        key = (cid, d["driver"], d["pool"], d["name"])
+        is_allocated = key in allocated
+        if d["tainted"]:
+            gpu[_FLAGS] |= TAINTED
+        if blocked and key in blocked:
+            gpu[_FLAGS] |= UNAVAILABLE
+        if is_allocated:
+            gpu[_USED] += d["compute_slices"]
+            for h in holders.get(key, ()):
+                gpu[_CLAIMS].add((h.namespace, h.name))
+                gpu[_FLAGS] |= RESERVED if h.state == "reserved" else UNRESERVED
+        if kind == "mig":
+            # has_counters: the devices were read without their counters (selectors.heatmap_devices)
+            if d["counters_consumed"] or d.get("has_counters"):
+                gpu[_DYNAMIC] = True
+            gpu[_PROFILES].append((d["compute_slices"], d["mig_profile"], is_allocated))
+    rows: Rows = {}
+    state = filters.state
+    for gpu in gpus.values():
+        cid = gpu[_CID]
+        cluster = cluster_names.get(cid, str(cid))
+        if filters.label and not filters.matches_labels(labels.get((cid, gpu[_NODE]), {})):
+            continue
+        used = min(gpu[_USED], FULL_GPU_SLICES)
+        if state and not cell_in_state(used, gpu[_FLAGS], state):
+            continue
+        rkey = row_key(cluster, gpu[_NODE])
+        row = rows.get(rkey)
+        if row is None:
+            row = rows[rkey] = [cluster, gpu[_NODE], gpu[_MODEL], gpu[_POOL], []]
+        row[4].append([gpu[_INDEX], used, gpu[_FLAGS], _layout(gpu), len(gpu[_CLAIMS])])
+    for row in rows.values():
+        _number_cells(row[4])
+    return rows
+
+
+def cell_in_state(used: int, flags: int, state: str) -> bool:
+    """Whether a GPU cell shows the device state the ``state`` filter asks for."""
+    if state == "free":
+        return used < FULL_GPU_SLICES and not flags & TAINTED
+    if state == "allocated":
+        return used > 0
+    if state == "reserved":
+        return bool(flags & RESERVED)
+    if state == "tainted":
+        return bool(flags & TAINTED)
+    return bool(flags & UNAVAILABLE)
+
+
+def _layout(gpu: list[Any]) -> str:
+    """ "" for a whole GPU; the static MIG profiles, largest first; "dynamic" and its allocated partitions."""
+    profiles = gpu[_PROFILES]
+    if not profiles:
+        return ""
+    if gpu[_DYNAMIC]:
+        taken = sorted((p for p in profiles if p[2]), key=lambda p: (-p[0], p[1]))
+        return "dynamic" + "".join(f" {p[1]}" for p in taken)
+    return " ".join(p[1] for p in sorted(profiles, key=lambda p: (-p[0], p[1])))
+
+
+def _number_cells(cells: list[Cell]) -> None:
+    """Cells in GPU-index order; a GPU without a published index takes the next free column."""
+    taken = {c[0] for c in cells if c[0] is not None}
+    nxt = 0
+    for c in cells:
+        if c[0] is None:
+            while nxt in taken:
+                nxt += 1
+            c[0] = nxt
+            taken.add(nxt)
+    cells.sort(key=lambda c: c[0])
+
+
+def row_order(rows: Rows) -> list[str]:
+    """Row keys grouped by cluster, model and pool, then by node name."""
+    return sorted(rows, key=lambda k: (rows[k][0], rows[k][2], rows[k][3], rows[k][1]))
+
+
+@dataclass(frozen=True)
+class Delta:
+    """Rows to replace (or add) and row keys to remove."""
+
+    rows: Rows
+    removed: list[str]
+
+    def __bool__(self) -> bool:
+        return bool(self.rows or self.removed)
+
+
+def diff(old: Rows, new: Rows, scope: Iterable[str] | None = None) -> Delta:
+    """What turns ``old`` into ``new``. With ``scope`` (cluster names), rows of other clusters are
+    left alone: ``new`` was rebuilt for those clusters only."""
+    clusters = set(scope) if scope is not None else None
+    changed = {k: r for k, r in new.items() if old.get(k) != r}
+    removed = [k for k, r in old.items() if k not in new and (clusters is None or r[0] in clusters)]
+    return Delta(changed, sorted(removed))
+
+
+def apply(rows: Rows, delta: Delta) -> Rows:
+    """The rows after a delta (a new dict; the input is unchanged)."""
+    out = {k: r for k, r in rows.items() if k not in set(delta.removed)}
+    out.update(delta.rows)
+    return out
+
+
+def summary(rows: Rows) -> dict[str, int]:
+    """GPU, compute-slice and flag counts over the rows (the page header and the bench)."""
+    gpus = slices = tainted = 0
+    for row in rows.values():
+        for cell in row[4]:
+            gpus += 1
+            slices += cell[1]
+            tainted += bool(cell[2] & TAINTED)
+    return {
+        "gpus": gpus,
+        "compute_slices": gpus * FULL_GPU_SLICES,
+        "compute_slices_allocated": slices,
+        "tainted": tainted,
+    }
+
+
+def group_by_cluster(devices: Iterable[Mapping[str, Any]]) -> dict[int, list[Mapping[str, Any]]]:
+    out: dict[int, list[Mapping[str, Any]]] = defaultdict(list)
+    for d in devices:
+        out[d["cluster_id"]].append(d)
+    return out

@@ -1,0 +1,246 @@
+"""Fleet pages. Views parse filters, call selectors and the pure builders, and render; no rules here."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import wraps
+from typing import Any
+
+import orjson
+from django.apps import apps
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest
+from django.shortcuts import get_object_or_404, render
+from django.urls import reverse
+from django.utils import timezone
+
+from fleet import feed, heatmap, overview, selectors
+from fleet.filters import STATES, FilterError, FleetFilter, parse_filters
+from fleet.models import Cluster, Device, Node
+
+MIG_PAGE_LIMIT = 400  # GPUs drawn on one MIG page; narrow with filters for more
+View = Callable[..., HttpResponse]
+
+
+def with_filters(view: View) -> View:
+    """Parse the filter query string; a bad value is a 400 naming the parameter."""
+
+    @wraps(view)
+    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        try:
+            filters = parse_filters(request.GET)
+        except FilterError as exc:
+            return HttpResponseBadRequest(f"Bad filter {exc}\n", content_type="text/plain")
+        if filters.cluster and not Cluster.objects.filter(name=filters.cluster).exists():
+            return HttpResponseBadRequest(
+                f"Bad filter cluster: no cluster named {filters.cluster!r}\n", content_type="text/plain"
+            )
+        return view(request, filters, *args, **kwargs)
+
+    return wrapper
+
+
+def _clusters(filters: FleetFilter) -> dict[int, str]:
+    query = Cluster.objects.all()
+    if filters.cluster:
+        query = query.filter(name=filters.cluster)
+    return dict(query.values_list("id", "name"))
+
+
+def _choices(filters: FleetFilter) -> dict[str, Any]:
+    """What the filter bar offers, and the current filters."""
+    return {
+        "filters": filters,
+        "cluster_choices": list(Cluster.objects.values_list("name", flat=True)),
+        "model_choices": selectors_models(),
+        "state_choices": STATES,
+    }
+
+
+def selectors_models() -> list[str]:
+    return sorted(
+        set(Device.objects.filter(kind__in=("gpu", "mig")).values_list("model", flat=True).distinct())
+    )
+
+
+@with_filters
+def fleet_overview(request: HttpRequest, filters: FleetFilter) -> HttpResponse:
+    names = _clusters(filters)
+    devices, counter_sets = selectors.heatmap_devices(list(names), model=filters.model, pool=filters.pool)
+    labels = selectors.node_labels(list(names)) if filters.label else {}
+    devices = overview.narrow(devices, filters, labels)
+    holders = selectors.allocation_holders(list(names))
+    clusters = overview.cluster_overviews(devices, holders, counter_sets, names)
+    streams = overview.stream_health(selectors.stream_cursors(list(names)), timezone.now())
+    context = {
+        "clusters": [
+            {"name": c.name, "summary": c.summary, "groups": c.groups(filters.state)} for c in clusters
+        ],
+        "streams": streams,
+        "unhealthy_streams": [s for s in streams if not s.healthy],
+        **_choices(filters),
+    }
+    return render(request, "fleet/overview.html", context)
+
+
+@with_filters
+def heatmap_page(request: HttpRequest, filters: FleetFilter) -> HttpResponse:
+    config = {"ws": "/ws/fleet/?" + filters.query(), "base": reverse("fleet:overview")}
+    return render(request, "fleet/heatmap.html", {"config": config, **_choices(filters)})
+
+
+@with_filters
+def heatmap_json(request: HttpRequest, filters: FleetFilter) -> HttpResponse:
+    """The heatmap rows as JSON (what the websocket snapshot carries), for scripts and the benchmark."""
+    rows = feed.load_rows(filters)
+    body = {"filters": filters.as_dict(), "summary": heatmap.summary(rows), "rows": rows}
+    return HttpResponse(orjson.dumps(body), content_type="application/json")
+
+
+@with_filters
+def mig_page(request: HttpRequest, filters: FleetFilter) -> HttpResponse:
+    names = _clusters(filters)
+    devices, counter_sets = selectors.heatmap_devices(
+        list(names), model=filters.model, pool=filters.pool, extra=("name", "capacity")
+    )
+    labels = selectors.node_labels(list(names)) if filters.label else {}
+    devices = overview.narrow(devices, filters, labels)
+    holders = selectors.allocation_holders(list(names))
+    gpus = overview.mig_gpus(devices, holders, counter_sets, names, filters.state)
+    context = {
+        "gpus": gpus[:MIG_PAGE_LIMIT],
+        "gpu_count": len(gpus),
+        "limited": len(gpus) > MIG_PAGE_LIMIT,
+        "fragmentation": overview.fragmentation(gpus),
+        "slots": range(7),
+        **_choices(filters),
+    }
+    return render(request, "fleet/mig.html", context)
+
+
+# ------------------------------------------------------------------------------------------- details
+
+
+def cluster_detail(request: HttpRequest, cluster: str) -> HttpResponse:
+    c = get_object_or_404(Cluster, name=cluster)
+    streams = overview.stream_health(selectors.stream_cursors([c.pk]), timezone.now())
+    nodes = Node.objects.filter(cluster=c).order_by("name")
+    context = {"cluster": c, "streams": streams, "nodes": nodes, "node_count": nodes.count()}
+    return render(request, "fleet/cluster.html", context)
+
+
+def _node_gpus(c: Cluster, node: str) -> tuple[heatmap.Rows, list[dict[str, Any]], Any, Any]:
+    devices, counter_sets = selectors.heatmap_devices(
+        [c.pk], node=node, extra=("name", "capacity", "uuid", "product_name", "memory_bytes")
+    )
+    pools = sorted({d["pool"] for d in devices})
+    holders = selectors.allocation_holders([c.pk], pools=pools, consumers=True)
+    rows = heatmap.build_rows(devices, set(holders), counter_sets, holders, {c.pk: c.name}, {}, FleetFilter())
+    return rows, devices, holders, counter_sets
+
+
+def node_detail(request: HttpRequest, cluster: str, node: str) -> HttpResponse:
+    c = get_object_or_404(Cluster, name=cluster)
+    n = Node.objects.filter(cluster=c, name=node).first()
+    rows, devices, holders, counter_sets = _node_gpus(c, node)
+    if n is None and not devices:
+        raise Http404("no such node")
+    row = rows.get(heatmap.row_key(c.name, node))
+    context = {
+        "cluster": c,
+        "node_name": node,
+        "node": n,
+        "cells": row[4] if row else [],
+        "devices": overview.device_states(devices, holders, counter_sets),
+    }
+    return render(request, "fleet/node.html", context)
+
+
+def _gpu_context(cluster: str, node: str, index: int) -> dict[str, Any]:
+    c = get_object_or_404(Cluster, name=cluster)
+    rows, devices, holders, counter_sets = _node_gpus(c, node)
+    mine = [d for d in devices if d["gpu_minor"] == index]
+    if not mine:
+        raise Http404("no such GPU")
+    gpu_uuid = mine[0]["gpu_uuid"]
+    mine = [d for d in devices if d["gpu_uuid"] == gpu_uuid]
+    row = rows.get(heatmap.row_key(c.name, node))
+    cell = next((cell for cell in (row[4] if row else []) if cell[0] == index), None)
+    device_rows = overview.device_states(mine, holders, counter_sets)
+    claims = sorted({(h.namespace, h.name, h.state) for d in device_rows for h in d["holders"]})
+    consumers = sorted({u for d in device_rows for h in d["holders"] for u in h.consumers})
+    mig = overview.mig_gpus(mine, holders, counter_sets, {c.pk: c.name})
+    return {
+        "cluster": c,
+        "node_name": node,
+        "index": index,
+        "gpu_uuid": gpu_uuid,
+        "model": mine[0]["model"],
+        "product_name": next((d["product_name"] for d in mine if d["product_name"]), ""),
+        "cell": cell,
+        "devices": device_rows,
+        "claims": claims,
+        "consumers": consumers,
+        "mig": mig[0] if mig else None,
+        "slots": range(7),
+    }
+
+
+def gpu_detail(request: HttpRequest, cluster: str, node: str, index: int) -> HttpResponse:
+    return render(request, "fleet/gpu.html", _gpu_context(cluster, node, index))
+
+
+def gpu_card(request: HttpRequest, cluster: str, node: str, index: int) -> HttpResponse:
+    """The heatmap's hover panel: an HTML fragment (escaped by the template engine)."""
+    return render(request, "fleet/_gpu_card.html", _gpu_context(cluster, node, index))
+
+
+def device_detail(request: HttpRequest, cluster: str) -> HttpResponse:
+    c = get_object_or_404(Cluster, name=cluster)
+    params = {k: request.GET.get(k, "") for k in ("driver", "pool", "name")}
+    missing = [k for k, v in params.items() if not v]
+    if missing:
+        return HttpResponseBadRequest(f"Missing parameter {missing[0]}\n", content_type="text/plain")
+    device = get_object_or_404(Device, cluster=c, **params)
+    holders = selectors.allocation_holders([c.pk], pools=[device.pool], consumers=True)
+    context = {
+        "cluster": c,
+        "device": device,
+        "holders": holders.get((c.pk, device.driver, device.pool, device.name), []),
+        "attributes": sorted(device.attributes.items()),
+        "capacity": sorted(device.capacity.items()),
+    }
+    return render(request, "fleet/device.html", context)
+
+
+def claim_detail(request: HttpRequest, cluster: str, namespace: str, name: str) -> HttpResponse:
+    # fleet never imports claims: read its models through the app registry.
+    claim_model = apps.get_model("claims", "ResourceClaim")
+    allocation_model = apps.get_model("claims", "DeviceAllocation")
+    pod_model = apps.get_model("claims", "Pod")
+    event_model = apps.get_model("claims", "SchedulingEvent")
+    c = get_object_or_404(Cluster, name=cluster)
+    claim = get_object_or_404(claim_model, cluster=c, namespace=namespace, name=name)
+    allocations = list(allocation_model.objects.filter(cluster=c, claim_uid=claim.uid).order_by("request"))
+    devices = {
+        (d.driver, d.pool, d.name): d
+        for d in Device.objects.filter(cluster=c, pool__in={a.pool for a in allocations})
+    }
+    pods = list(
+        pod_model.objects.filter(
+            cluster=c, namespace=namespace, claim_statuses__contains=[{"resourceClaimName": name}]
+        )
+    )
+    consumer_uids = [str(r.get("uid", "")) for r in claim.reserved_for if isinstance(r, dict)]
+    uids = [claim.uid, *(p.uid for p in pods), *consumer_uids]
+    events = event_model.objects.filter(cluster=c, involved_uid__in=uids).order_by("-last_at")[:50]
+    context = {
+        "cluster": c,
+        "claim": claim,
+        "spec_json": orjson.dumps(
+            {"requests": claim.requests, "constraints": claim.constraints}, option=orjson.OPT_INDENT_2
+        ).decode(),
+        "allocations": [(a, devices.get((a.driver, a.pool, a.device_name))) for a in allocations],
+        "pods": pods,
+        "events": events,
+    }
+    return render(request, "fleet/claim.html", context)

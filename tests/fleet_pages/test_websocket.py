@@ -1,0 +1,162 @@
+"""/ws/fleet/ through the real ASGI stack (origin check, session auth, routing) with WebsocketCommunicator."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+from asgiref.sync import async_to_sync
+from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
+from channels.testing import WebsocketCommunicator
+from django.conf import settings
+from django.test import override_settings
+
+from dashboard.asgi import application
+from fleet.consumers import BAD_REQUEST, UNAUTHORIZED
+from tests.fleet_pages.conftest import FIXTURE_GPUS, FleetEditor
+
+pytestmark = pytest.mark.django_db(transaction=True)
+ORIGIN = (b"origin", b"http://127.0.0.1")
+IN_MEMORY = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+
+@pytest.fixture(autouse=True)
+def in_memory_layer():
+    with override_settings(CHANNEL_LAYERS=IN_MEMORY):
+        from channels.layers import channel_layers
+
+        channel_layers.backends.clear()
+        yield
+        channel_layers.backends.clear()
+
+
+@pytest.fixture
+def session_cookie(client, user, fleet):
+    client.force_login(user)
+    return (
+        b"cookie",
+        f"{settings.SESSION_COOKIE_NAME}={client.cookies[settings.SESSION_COOKIE_NAME].value}".encode(),
+    )
+
+
+def run_async(test):
+    """Run an async test body in an event loop (no pytest-asyncio here); fixtures stay sync."""
+
+    @functools.wraps(test)
+    def wrapper(*args, **kwargs):
+        return async_to_sync(test)(*args, **kwargs)
+
+    return wrapper
+
+
+def cells(rows):
+    return sum(len(row[4]) for row in rows.values())
+
+
+@run_async
+async def test_an_anonymous_websocket_is_refused(fleet):
+    ws = WebsocketCommunicator(application, "/ws/fleet/", headers=[ORIGIN])
+    connected, code = await ws.connect()
+    assert not connected and code == UNAUTHORIZED
+
+
+@run_async
+async def test_a_foreign_origin_is_refused_even_with_a_session(session_cookie):
+    ws = WebsocketCommunicator(
+        application, "/ws/fleet/", headers=[(b"origin", b"http://evil.example"), session_cookie]
+    )
+    connected, _ = await ws.connect()
+    assert not connected
+
+
+@run_async
+async def test_a_logged_in_client_gets_a_snapshot_then_a_delta_after_an_ingest_batch(session_cookie):
+    ws = WebsocketCommunicator(application, "/ws/fleet/", headers=[ORIGIN, session_cookie])
+    connected, _ = await ws.connect()
+    assert connected
+    snapshot = await ws.receive_json_from(timeout=10)
+    assert snapshot["type"] == "snapshot" and snapshot["version"] == 1
+    assert cells(snapshot["rows"]) == FIXTURE_GPUS
+
+    def deallocate_one():
+        editor = FleetEditor()
+        editor.deallocate(editor.allocated_claims()[0])
+
+    await database_sync_to_async(deallocate_one)()  # publishes after commit
+    delta = await ws.receive_json_from(timeout=10)
+    assert delta["type"] == "delta" and delta["version"] == 2 and delta["rows"]
+    await ws.disconnect()
+
+
+@run_async
+async def test_several_batches_within_the_window_arrive_as_one_delta(session_cookie):
+    ws = WebsocketCommunicator(application, "/ws/fleet/", headers=[ORIGIN, session_cookie])
+    await ws.connect()
+    await ws.receive_json_from(timeout=10)
+
+    def three_batches():
+        editor = FleetEditor()
+        for claim in editor.allocated_claims()[:3]:
+            editor.deallocate(claim)
+
+    await database_sync_to_async(three_batches)()
+    delta = await ws.receive_json_from(timeout=10)
+    assert delta["version"] == 2
+    assert await ws.receive_nothing(timeout=1.0)  # the three events coalesced
+    await ws.disconnect()
+
+
+@run_async
+async def test_a_client_that_saw_a_gap_gets_a_new_snapshot_on_request(session_cookie):
+    ws = WebsocketCommunicator(application, "/ws/fleet/?model=H100", headers=[ORIGIN, session_cookie])
+    await ws.connect()
+    first = await ws.receive_json_from(timeout=10)
+    await ws.send_json_to({"type": "resync"})
+    again = await ws.receive_json_from(timeout=10)
+    assert again["type"] == "snapshot" and again["version"] == first["version"] + 1
+    assert again["rows"] == first["rows"] and {r[2] for r in again["rows"].values()} == {"H100"}
+    await ws.disconnect()
+
+
+@run_async
+async def test_a_bad_filter_is_answered_with_an_error_naming_the_parameter(session_cookie):
+    ws = WebsocketCommunicator(application, "/ws/fleet/?state=broken", headers=[ORIGIN, session_cookie])
+    connected, _ = await ws.connect()
+    assert connected
+    error = await ws.receive_json_from(timeout=10)
+    assert error["type"] == "error" and error["parameter"] == "state"
+    assert (await ws.receive_output(timeout=5))["code"] == BAD_REQUEST
+
+
+@run_async
+async def test_changes_reach_the_group_only_after_commit(session_cookie):
+    layer = get_channel_layer()
+    channel = await layer.new_channel()
+    await layer.group_add(settings.CLAIMSCOPE_INGEST_GROUP, channel)
+
+    def batch_in_rolled_back_transaction():
+        from django.db import transaction
+
+        class Rollback(Exception):
+            pass
+
+        editor = FleetEditor()
+        try:
+            with transaction.atomic():
+                editor.deallocate(editor.allocated_claims()[0])
+                raise Rollback
+        except Rollback:
+            pass
+
+    await database_sync_to_async(batch_in_rolled_back_transaction)()
+
+    def committed_batch():
+        editor = FleetEditor()
+        claim = editor.allocated_claims()[1]
+        editor.deallocate(claim)
+        return f"{claim['metadata']['namespace']}/{claim['metadata']['name']}"
+
+    written = await database_sync_to_async(committed_batch)()
+    event = await layer.receive(channel)  # the first event is the committed batch's: nothing came before
+    assert event["type"] == "fleet.change" and event["written"] == [written]
