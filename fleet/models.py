@@ -180,3 +180,32 @@ class WatchCursor(models.Model):
 
     def __str__(self) -> str:
         return f"{self.cluster_id}/{self.kind}@{self.resource_version}"
+
+
+class AllocationSample(models.Model):
+    """One point of the allocation history of a (cluster, model, MIG profile) group.
+
+    ``profile`` is empty for a model's physical GPUs, counted in compute slices (partition-aware, 7 per GPU);
+    a MIG profile's row counts its devices. ``resolution`` is "minute" for raw samples (kept 30 days) and
+    "hour" for their hourly averages (kept a year); see ``fleet.tasks_history``.
+    """
+
+    RESOLUTIONS = [("minute", "minute"), ("hour", "hour")]
+    time = models.DateTimeField()
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="samples")
+    model = models.CharField(max_length=16)
+    profile = models.CharField(max_length=64, blank=True)
+    resolution = models.CharField(max_length=8, choices=RESOLUTIONS, default="minute")
+    total = models.FloatField()
+    allocated = models.FloatField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["cluster", "model", "profile", "resolution", "time"], name="sample_point"
+            )
+        ]
+        indexes = [models.Index(fields=["resolution", "time"], name="sample_time")]
+
+    def __str__(self) -> str:
+        return f"{self.cluster_id}/{self.model}/{self.profile or 'gpu'}@{self.time:%Y-%m-%d %H:%M}"

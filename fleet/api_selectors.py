@@ -1,0 +1,210 @@
+"""Read queries behind the fleet endpoints of the REST API.
+
+They reuse the rules of :mod:`fleet.selectors`: only devices of a pool's highest generation are current,
+allocated means named in a non-adminAccess allocation result, and a physical GPU's allocated share is its
+allocated compute slices out of 7.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import defaultdict
+from typing import Any
+
+from django.apps import apps
+from django.core.cache import cache
+from django.db.models import (
+    BooleanField,
+    Count,
+    ExpressionWrapper,
+    F,
+    Max,
+    OuterRef,
+    Q,
+    QuerySet,
+    Subquery,
+    Window,
+)
+
+from fleet import selectors
+from fleet.models import Cluster, Device, ResourceSlice
+from fleet.normalize import FULL_GPU_SLICES
+from fleet.selectors import FleetSummary, GroupCount, ModelTotals
+
+SUMMARY_CACHE_SECONDS = 3600
+
+
+def _allocations() -> QuerySet[Any]:
+    # Through the app registry: fleet never imports claims (see fleet.selectors.allocated_keys).
+    return apps.get_model("claims", "DeviceAllocation").objects.filter(admin_access=False)
+
+
+def newest_generation() -> Subquery:
+    """The highest generation of the outer row's pool (older generations are being replaced)."""
+    pools = ResourceSlice.objects.filter(
+        cluster_id=OuterRef("cluster_id"), driver=OuterRef("driver"), pool=OuterRef("pool")
+    )
+    return Subquery(pools.order_by("-pool_generation").values("pool_generation")[:1])
+
+
+def slices() -> QuerySet[ResourceSlice]:
+    """Slices with ``current``: whether they are of their pool's highest generation."""
+    return ResourceSlice.objects.annotate(newest=newest_generation()).annotate(
+        current=ExpressionWrapper(Q(pool_generation__gte=F("newest")), output_field=BooleanField())
+    )
+
+
+def stale_slices() -> Q:
+    """Matches devices of slices older than their pool's newest generation (usually none: a pool is
+    between generations only while its driver republishes). One query over the slices; filtering by
+    these few slice names keeps the device query free of a per-row subquery."""
+    newest = Window(Max("pool_generation"), partition_by=[F("cluster_id"), F("driver"), F("pool")])
+    rows = (
+        ResourceSlice.objects.annotate(newest=newest)
+        .filter(pool_generation__lt=F("newest"))
+        .values_list("cluster_id", "name")
+    )
+    by_cluster: dict[int, list[str]] = defaultdict(list)
+    for cid, name in rows:
+        by_cluster[cid].append(name)
+    stale = Q(pk__in=[])
+    for cid, names in by_cluster.items():
+        stale |= Q(cluster_id=cid, slice_name__in=names)
+    return stale
+
+
+def current_devices() -> QuerySet[Device]:
+    """Devices of their pool's highest generation, with the uid of the claim they are allocated to."""
+    allocation = _allocations().filter(
+        cluster_id=OuterRef("cluster_id"),
+        driver=OuterRef("driver"),
+        pool=OuterRef("pool"),
+        device_name=OuterRef("name"),
+    )
+    return Device.objects.exclude(stale_slices()).annotate(
+        claim_uid=Subquery(allocation.values("claim_uid")[:1])
+    )
+
+
+def claim_names(cluster_uids: set[tuple[int, str]]) -> dict[tuple[int, str], str]:
+    """``namespace/name`` of claims by (cluster id, uid), in one query."""
+    if not cluster_uids:
+        return {}
+    claim = apps.get_model("claims", "ResourceClaim")
+    rows = claim.objects.filter(
+        cluster_id__in={c for c, _ in cluster_uids}, uid__in={u for _, u in cluster_uids}
+    ).values_list("cluster_id", "uid", "namespace", "name")
+    return {(c, u): f"{ns}/{n}" for c, u, ns, n in rows}
+
+
+def gpus() -> QuerySet[Any]:
+    """One row per physical GPU (cluster, gpu uuid): its model, node and device counts. What is allocated
+    is added per page by :func:`attach_mig_devices` (an allocation lookup per device of the whole fleet
+    would make the aggregate several times slower)."""
+    return (
+        Device.objects.filter(kind__in=("gpu", "mig"))
+        .exclude(gpu_uuid="")
+        .exclude(stale_slices())
+        .values("cluster_id", "gpu_uuid")
+        .annotate(
+            gpu_model=Max("model"),
+            gpu_product=Max("product_name"),
+            gpu_node=Max("node_name"),
+            gpu_index=Max("gpu_minor"),
+            mig_devices=Count("id", filter=Q(kind="mig")),
+            tainted_devices=Count("id", filter=Q(tainted=True)),
+        )
+    )
+
+
+def attach_mig_devices(rows: list[dict[str, Any]]) -> None:
+    """Add each GPU row's MIG devices, allocated compute slices and allocated fraction (one query for
+    the page: its GPUs' current devices with the claim holding each)."""
+    uuids = {r["gpu_uuid"] for r in rows}
+    by_gpu: dict[tuple[int, str], list[dict[str, Any]]] = defaultdict(list)
+    used: dict[tuple[int, str], int] = defaultdict(int)
+    if uuids:
+        devices = (
+            current_devices()
+            .filter(
+                kind__in=("gpu", "mig"), gpu_uuid__in=uuids, cluster_id__in={r["cluster_id"] for r in rows}
+            )
+            .order_by("name")
+            .values(
+                "id", "cluster_id", "gpu_uuid", "kind", "name", "mig_profile", "compute_slices", "claim_uid"
+            )  # type: ignore[misc]
+        )
+        for d in devices:
+            gpu = (d.pop("cluster_id"), d.pop("gpu_uuid"))
+            allocated = d.pop("claim_uid") is not None
+            if allocated:
+                used[gpu] += d["compute_slices"]
+            if d.pop("kind") == "mig":
+                by_gpu[gpu].append({**d, "allocated": allocated})
+    for r in rows:
+        gpu = (r["cluster_id"], r["gpu_uuid"])
+        r["mig"] = by_gpu.get(gpu, [])
+        r["allocated_slices"] = used.get(gpu, 0)
+        r["allocated_fraction"] = round(min(used.get(gpu, 0), FULL_GPU_SLICES) / FULL_GPU_SLICES, 4)
+
+
+def cluster_names() -> dict[int, str]:
+    return dict(Cluster.objects.values_list("id", "name"))
+
+
+def _merge(summaries: list[FleetSummary]) -> FleetSummary:
+    """The fleet-wide summary as the sum of per-cluster ones (every count is additive across clusters)."""
+    groups: dict[tuple[str, str, str], GroupCount] = {}
+    models: dict[str, ModelTotals] = {}
+    total = FleetSummary()
+    for s in summaries:
+        total.devices += s.devices
+        total.allocated += s.allocated
+        for g in s.groups:
+            key = (g.model, g.kind, g.profile)
+            acc = groups.setdefault(key, GroupCount(*key))
+            for name in ("total", "allocated", "unavailable", "tainted", "free", "memory_bytes"):
+                setattr(acc, name, getattr(acc, name) + getattr(g, name))
+        for m in s.models:
+            mt = models.setdefault(m.model, ModelTotals(m.model))
+            for name in ("gpus", "gpus_full", "gpus_mig", "compute_slices", "compute_slices_allocated"):
+                setattr(mt, name, getattr(mt, name) + getattr(m, name))
+    total.groups = sorted(groups.values(), key=lambda g: (g.model, g.kind, g.profile))
+    total.models = sorted(models.values(), key=lambda t: t.model)
+    return total
+
+
+def fleet_version() -> tuple[Any, ...]:
+    """Changes whenever ingest writes or deletes a slice (and its devices) or a claim (and its
+    allocations): ingest stamps ``synced_at`` on every row it writes; a delete changes a count."""
+    claim = apps.get_model("claims", "ResourceClaim")
+    slices = ResourceSlice.objects.aggregate(n=Count("id"), t=Max("synced_at"))
+    claims = claim.objects.aggregate(n=Count("id"), t=Max("synced_at"))
+    return (Cluster.objects.count(), slices["n"], slices["t"], claims["n"], claims["t"])
+
+
+def summary(cluster_id: int | None = None) -> dict[str, Any]:
+    """:func:`compute_summary`, cached until the fleet changes (it costs seconds on 100k devices)."""
+    key = f"api:summary:{cluster_id}:{hashlib.sha256(repr(fleet_version()).encode()).hexdigest()[:32]}"
+    cached = cache.get(key)
+    if cached is None:
+        cached = compute_summary(cluster_id)
+        cache.set(key, cached, timeout=SUMMARY_CACHE_SECONDS)
+    return cached
+
+
+def compute_summary(cluster_id: int | None = None) -> dict[str, Any]:
+    """Partition-aware counts per cluster and for the whole fleet, by model, MIG profile and state."""
+    devices, counter_sets = selectors.current_devices(cluster_id)
+    allocated = selectors.allocated_keys(cluster_id)
+    names = cluster_names()
+    by_cluster: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for d in devices:
+        by_cluster[d["cluster_id"]].append(d)
+    per_cluster = {
+        cid: selectors.summarize(rows, allocated, counter_sets) for cid, rows in sorted(by_cluster.items())
+    }
+    return {
+        "clusters": [{"cluster": names.get(cid, str(cid)), **s.as_dict()} for cid, s in per_cluster.items()],
+        "total": _merge(list(per_cluster.values())).as_dict(),
+    }
