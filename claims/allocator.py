@@ -81,6 +81,8 @@ class FleetSnapshot:
     stats: SelectorStats = field(default_factory=SelectorStats)
     _views: dict[DeviceKey, DeviceView] = field(default_factory=dict, repr=False)
     _results: dict[tuple[str, Any], bool | CelRuntimeError] = field(default_factory=dict, repr=False)
+    _index: _SliceIndex | None = field(default=None, repr=False)
+    _baseline: _Baseline | None = field(default=None, repr=False)
 
     @classmethod
     def from_objects(cls, objs: Iterable[Obj]) -> FleetSnapshot:
@@ -134,6 +136,44 @@ class FleetSnapshot:
 
 def _typed(value: object) -> tuple[str, object]:
     return (type(value).__name__, value)
+
+
+@dataclass
+class _SliceIndex:
+    """Slices by nodeName, the node-less ones, and all slices per pool: built once per snapshot so that
+    gathering the pools of one node does not scan the whole fleet (valid while ``slices`` is unchanged)."""
+
+    size: int
+    by_node: dict[str, list[Obj]]
+    other: list[Obj]
+    by_pool: dict[tuple[str, str], list[Obj]]
+
+
+@dataclass
+class _Baseline:
+    """Devices in use and counters/capacity consumed by the snapshot's allocated claims."""
+
+    size: tuple[int, int]
+    in_use: set[DeviceKey]
+    counter_use: dict[tuple[str, str, str, str], Fraction]
+    capacity_use: dict[tuple[DeviceKey, str], Fraction]
+
+
+def _slice_index(snapshot: FleetSnapshot) -> _SliceIndex:
+    index = snapshot._index
+    if index is None or index.size != len(snapshot.slices):
+        by_node: dict[str, list[Obj]] = {}
+        other: list[Obj] = []
+        by_pool: dict[tuple[str, str], list[Obj]] = {}
+        for s in snapshot.slices:
+            node_name = (s.get("spec") or {}).get("nodeName")
+            if node_name:
+                by_node.setdefault(node_name, []).append(s)
+            else:
+                other.append(s)
+            by_pool.setdefault(_slice_key(s), []).append(s)
+        index = snapshot._index = _SliceIndex(len(snapshot.slices), by_node, other, by_pool)
+    return index
 
 
 @dataclass
@@ -254,7 +294,8 @@ def _qty(value: Any) -> Fraction:
 
 def _gather_pools(node: Obj, snapshot: FleetSnapshot, features: Features) -> list[_Pool]:
     by_pool: dict[tuple[str, str], list[Obj]] = {}
-    for s in snapshot.slices:
+    index = _slice_index(snapshot)
+    for s in [*index.by_node.get(_name(node), []), *index.other]:
         spec = s.get("spec") or {}
         if not features.partitionable_devices and (
             spec.get("perDeviceNodeSelection") or spec.get("sharedCounters")
@@ -279,7 +320,7 @@ def _gather_pools(node: Obj, snapshot: FleetSnapshot, features: Features) -> lis
     for (driver, pool_name), slices in by_pool.items():
         generation = _generation(slices[0])
         count = int(((slices[0].get("spec") or {}).get("pool") or {}).get("resourceSliceCount", 1))
-        all_for_pool = [s for s in snapshot.slices if _slice_key(s) == (driver, pool_name)]
+        all_for_pool = index.by_pool.get((driver, pool_name), [])
         if any(_generation(s) > generation for s in all_for_pool):
             continue  # obsolete: a newer generation exists elsewhere
         at_generation = [s for s in all_for_pool if _generation(s) == generation]
@@ -485,10 +526,22 @@ class _Allocator:
         self.snapshot = snapshot
         self.features = features
         self.pools = _gather_pools(node, snapshot, features)
-        self.in_use: set[DeviceKey] = set()
-        self.counter_use: dict[tuple[str, str, str, str], Fraction] = {}
-        self.capacity_use: dict[tuple[DeviceKey, str], Fraction] = {}
-        self._index_allocated()
+        baseline = snapshot._baseline
+        if baseline is None or baseline.size != (len(snapshot.slices), len(snapshot.allocated_claims)):
+            self.in_use: set[DeviceKey] = set()
+            self.counter_use: dict[tuple[str, str, str, str], Fraction] = {}
+            self.capacity_use: dict[tuple[DeviceKey, str], Fraction] = {}
+            self._index_allocated()
+            baseline = snapshot._baseline = _Baseline(
+                (len(snapshot.slices), len(snapshot.allocated_claims)),
+                self.in_use,
+                dict(self.counter_use),
+                dict(self.capacity_use),
+            )
+        # in_use is only read; the counters are changed (and undone) during the search: copy them.
+        self.in_use = baseline.in_use
+        self.counter_use = dict(baseline.counter_use)
+        self.capacity_use = dict(baseline.capacity_use)
         self.claim_data: list[_ClaimData] = []
         self.results: list[list[tuple[_Request, _Candidate, dict[str, Fraction] | None]]] = []
         self.allocating: set[DeviceKey] = set()
@@ -779,6 +832,16 @@ class _Allocator:
             for candidate in self._devices(pool):
                 position += 1
                 if position <= start:
+                    continue
+                # "Checking for in use is cheap and thus gets done first": an allocated device's
+                # selectors are never evaluated, so a CEL error on it cannot abort scheduling.
+                if (
+                    not request.admin_access
+                    and (candidate.key in self.in_use or candidate.key in self.allocating)
+                    and not (
+                        candidate.device.get("allowMultipleAllocations") and self.features.consumable_capacity
+                    )
+                ):
                     continue
                 if not self._selectable(claim_name, request, candidate):
                     continue

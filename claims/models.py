@@ -154,3 +154,20 @@ class SchedulingEvent(NamespacedObject):
             models.UniqueConstraint(fields=["cluster", "namespace", "name"], name="event_name"),
         ]
         indexes = [models.Index(fields=["cluster", "involved_uid"], name="event_involved")]
+
+
+class ClaimDiagnosis(models.Model):
+    """The latest diagnosis of a pending claim (``claims.diagnosis``), recomputed by ``claims.tasks``.
+
+    ``result`` is the full result object (category, summary, requests, suggestions, placement, lint);
+    ``computed_at`` says how fresh it is.
+    """
+
+    claim = models.OneToOneField(ResourceClaim, on_delete=models.CASCADE, related_name="diagnosis")
+    category = models.CharField(max_length=32, db_index=True)
+    summary = models.TextField()
+    result = models.JSONField(default=dict)
+    computed_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.claim}: {self.category}"

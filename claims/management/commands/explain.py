@@ -1,0 +1,103 @@
+"""python manage.py explain (NAMESPACE/NAME | FILE) [--cluster C] [--fleet FILE ...] [--json]
+
+Why is this claim (or pod) pending, or: would this claim/template fit? With ``--fleet`` it runs offline on
+``kubectl get resourceslices,deviceclasses,resourceclaims,pods -A -o yaml`` output; otherwise it reads the
+fleet mirrored in the database.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from claims.diagnosis import Diagnosis, diagnose, diagnose_name
+from claims.fleetstate import FleetState
+from fleet.snapshot import SnapshotError, read_files
+
+DIAGNOSABLE = ("ResourceClaim", "ResourceClaimTemplate", "Pod")
+
+
+class Command(BaseCommand):
+    help = "Explain why a ResourceClaim or Pod is pending, or whether a claim/template file would fit."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "target", help="NAMESPACE/NAME of a claim or pod, or a claim/template YAML/JSON file"
+        )
+        parser.add_argument("--cluster", default="", help="cluster name in the database")
+        parser.add_argument(
+            "--fleet", nargs="+", default=[], metavar="FILE", help="kubectl get ... -o yaml output (offline)"
+        )
+        parser.add_argument("--json", action="store_true", help="print the result object as JSON")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        state = self._state(options["fleet"], options["cluster"])
+        target: str = options["target"]
+        result = self._diagnose(state, target)
+        if options["json"]:
+            self.stdout.write(json.dumps(result.as_dict(), indent=2, default=str))
+        else:
+            self.stdout.write(render(result))
+
+    def _state(self, fleet: list[str], cluster: str) -> FleetState:
+        if fleet:
+            try:
+                return FleetState.from_files([Path(f) for f in fleet])
+            except SnapshotError as exc:
+                raise CommandError(str(exc)) from None
+        try:
+            return FleetState.from_db(cluster or None)
+        except LookupError as exc:
+            raise CommandError(f"{exc.args[0]} (or pass --fleet FILE to run offline)") from None
+
+    def _diagnose(self, state: FleetState, target: str) -> Diagnosis:
+        path = Path(target)
+        if path.suffix.lower() in (".yaml", ".yml", ".json") or path.exists():
+            try:
+                objs = read_files([path])
+            except SnapshotError as exc:
+                raise CommandError(str(exc)) from None
+            found = [o for o in objs if o.get("kind") in DIAGNOSABLE]
+            if not found:
+                raise CommandError(f"{target}: no {', '.join(DIAGNOSABLE)} in the file")
+            return diagnose(state, found[0])
+        namespace, sep, name = target.partition("/")
+        if not sep or not namespace or not name:
+            raise CommandError(f"{target!r} is neither NAMESPACE/NAME nor an existing file")
+        try:
+            return diagnose_name(state, namespace, name)
+        except LookupError as exc:
+            raise CommandError(str(exc.args[0])) from None
+
+
+def render(result: Diagnosis) -> str:
+    """Human-readable report: category, summary, groups per request, suggestions, lint."""
+    lines = [f"[{result.category}] {result.summary}"]
+    if result.placement:
+        lines.append(f"  placement: node {result.placement['node']}")
+        for d in result.placement["devices"]:
+            lines.append(
+                f"    {d['request']}: {d['pool']}/{d['device']} ({d['model']} {d['profile']})".rstrip()
+            )
+    for req in result.requests:
+        if "groups" not in req:
+            continue
+        lines.append(f"  request {req['name']} (class {req['device_class']}, count {req['count']}):")
+        for g in req["groups"]:
+            label = f"{g['model']} {g['profile']}".strip()
+            lines.append(f"    {g['devices']:>6} {label}: {g['reason']}")
+        for h in req["holders"][:5]:
+            pods = ", ".join(h["pods"]) or "no pod (leaked?)"
+            lines.append(f"    held by {h['claim']} since {h['created'] or '?'} ({pods})")
+    if result.scheduler_message:
+        lines.append(f"  scheduler: {result.scheduler_message}")
+    for s in result.suggestions:
+        lines.append(f"  -> {s}")
+    for f in result.lint:
+        lines.append(f"  lint {f['severity']} {f['code']} ({f['where']}): {f['message'].splitlines()[0]}")
+        if f["suggestion"]:
+            lines.append(f"       {f['suggestion']}")
+    return "\n".join(lines) + "\n"

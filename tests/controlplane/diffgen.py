@@ -1,0 +1,268 @@
+"""Seeded random small fleets and claims for the differential test, plus an allocation validator.
+
+Every case is self-contained: 1-2 nodes labelled ``claimscope.test/case=<i>``, their slices, optionally
+one pre-allocated (unreserved) claim holding some of their devices, and one claim template whose pod is
+pinned to the case's nodes by a nodeSelector. Cases therefore never compete for devices and a whole
+batch can be scheduled at once.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any
+
+from claims.cel import CelCompileError, CelRuntimeError, compile_selector, device_view, evaluate
+from fleet.quantity import parse_quantity
+from fleet.simulator import nvidia
+
+Obj = dict[str, Any]
+CASE_LABEL = "claimscope.test/case"
+GPU = "device.attributes['gpu.nvidia.com']"
+CAP = "device.capacity['gpu.nvidia.com']"
+MODELS = ("A100", "H100", "H200", "B200")
+TAINT = {"key": "nvidia.com/gpu-health", "value": "degraded", "effect": "NoSchedule"}
+
+GPU_SELECTORS = (
+    f"{CAP}.memory.compareTo(quantity('40Gi')) >= 0",
+    f"{CAP}.memory.compareTo(quantity('100Gi')) >= 0",
+    f"{CAP}.memory.compareTo(quantity('150Gi')) >= 0",
+    f"{GPU}.productName.matches('H100|B200')",
+    f"{GPU}.cudaComputeCapability.compareTo(semver('9.0.0')) >= 0",
+    f"{GPU}.architecture == 'Hopper'",
+)
+MIG_SELECTORS = (
+    f"{GPU}.profile.startsWith('1g.')",
+    f"{GPU}.profile.startsWith('2g.') || {GPU}.profile.startsWith('3g.')",
+    f"{CAP}.memory.compareTo(quantity('20Gi')) >= 0",
+    f"{GPU}.productName.matches('H100|H200')",
+)
+# Full GPUs publish no `profile`: on class gpu.nvidia.com this aborts scheduling (SchedulerError).
+ERROR_SELECTOR = f"{GPU}.profile.startsWith('1g.')"
+CONSTRAINTS = (
+    "gpu.nvidia.com/productName",
+    "resource.kubernetes.io/pcieRoot",
+    "gpu.nvidia.com/parentUUID",
+)
+
+
+@dataclass
+class Case:
+    index: int
+    nodes: list[Obj]
+    slices: list[Obj]
+    held: list[Obj]  # results of the pre-allocated claim ({request, driver, pool, device})
+    requests: list[Obj]
+    constraints: list[Obj] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return f"case-{self.index}"
+
+    def node_names(self) -> list[str]:
+        return [n["metadata"]["name"] for n in self.nodes]
+
+
+def _selectors(rng: random.Random, mig: bool) -> list[str]:
+    pool = MIG_SELECTORS if mig else GPU_SELECTORS
+    if not mig and rng.random() < 0.04:
+        return [ERROR_SELECTOR]
+    return rng.sample(pool, rng.choice((0, 0, 1, 1, 2)))
+
+
+def _spec(rng: random.Random, tolerate: bool) -> tuple[str, int, str, list[str]]:
+    mig = rng.random() < 0.4
+    mode = "All" if rng.random() < 0.05 else "ExactCount"
+    count = rng.choice((1, 1, 1, 2, 2, 3))
+    return ("mig.nvidia.com" if mig else "gpu.nvidia.com", count, mode, _selectors(rng, mig))
+
+
+def _request(rng: random.Random, name: str, tolerate: bool) -> Obj:
+    tolerations = [dict(TAINT, operator="Equal")] if tolerate else None
+    if rng.random() < 0.3:
+        subs = []
+        for j in range(rng.choice((2, 3))):
+            cls, count, mode, sels = _spec(rng, tolerate)
+            sub = nvidia.subrequest(f"s{j}", cls, count, sels, mode)
+            if tolerations:
+                sub["tolerations"] = tolerations
+            subs.append(sub)
+        return nvidia.first_available_request(name, subs)
+    cls, count, mode, sels = _spec(rng, tolerate)
+    # capacity.requests on devices that are not shared: a "has at least this much" filter (§5.5)
+    capacity = {"memory": rng.choice(("20Gi", "40Gi", "100Gi"))} if rng.random() < 0.1 else None
+    return nvidia.exactly_request(
+        name, cls, count, sels, allocation_mode=mode, tolerations=tolerations, capacity=capacity
+    )
+
+
+def _counters(slices: list[Obj]) -> dict[tuple[str, str, str], Fraction]:
+    """Shared counters by (pool, counter set, counter)."""
+    out: dict[tuple[str, str, str], Fraction] = {}
+    for s in slices:
+        for cs in s["spec"].get("sharedCounters") or []:
+            for name, value in cs["counters"].items():
+                out[(s["spec"]["pool"]["name"], cs["name"], name)] = parse_quantity(value["value"]).value
+    return out
+
+
+def _hold(rng: random.Random, slices: list[Obj]) -> list[Obj]:
+    """Up to 3 devices that can be allocated together (shared counters respected)."""
+    devices = [(s["spec"]["pool"]["name"], d) for s in slices for d in s["spec"].get("devices") or []]
+    left = _counters(slices)
+    held: list[Obj] = []
+    for pool, device in rng.sample(devices, min(len(devices), rng.choice((0, 1, 2, 3)))):
+        need = [
+            ((pool, use["counterSet"], name), parse_quantity(v["value"]).value)
+            for use in device.get("consumesCounters") or []
+            for name, v in use["counters"].items()
+        ]
+        if all(left.get(k, Fraction(0)) >= v for k, v in need):
+            for k, v in need:
+                left[k] -= v
+            held.append(
+                {"request": "held", "driver": "gpu.nvidia.com", "pool": pool, "device": device["name"]}
+            )
+    return held
+
+
+def make_case(rng: random.Random, index: int) -> Case:
+    nodes: list[Obj] = []
+    slices: list[Obj] = []
+    tainted = False
+    for j in range(rng.choice((1, 1, 2))):
+        name = f"d{index}-n{j}"
+        model = rng.choice(MODELS)
+        gpus = rng.choice((1, 2))
+        mode = rng.choice(("full", "full", "static-mig", "dynamic-mig"))
+        layout = None
+        if mode == "static-mig":
+            layout = ",".join(
+                rng.choice(("balanced", "all-1g", "all-2g", "all-3g", "full")) for _ in range(gpus)
+            )
+        taints = {}
+        if rng.random() < 0.2:
+            taints = {rng.randrange(gpus): [dict(TAINT)]}
+            tainted = True
+        node = nvidia.node_object(name, model, gpus=gpus, labels={CASE_LABEL: str(index)})
+        nodes.append(node)
+        node_slices = nvidia.node_slices(name, model, mode=mode, layout=layout, gpus=gpus, taints=taints)
+        if rng.random() < 0.08:  # the driver is mid-update: one slice of the pool has not arrived yet
+            for s in node_slices:
+                s["spec"]["pool"]["resourceSliceCount"] += 1
+        slices += node_slices
+    first = [s for s in slices if s["spec"]["nodeName"] == nodes[0]["metadata"]["name"]]
+    held = _hold(rng, first) if rng.random() < 0.5 else []
+    tolerate = tainted and rng.random() < 0.5
+    requests = [_request(rng, f"r{k}", tolerate) for k in range(rng.choice((1, 1, 1, 2)))]
+    constraints = []
+    if rng.random() < 0.2:
+        attr = rng.choice(CONSTRAINTS)
+        constraints.append({"matchAttribute": attr} if rng.random() < 0.7 else {"distinctAttribute": attr})
+    return Case(index, nodes, slices, held, requests, constraints)
+
+
+# ------------------------------------------------------------------------------------------ validator
+
+
+def _matches(expr: str, driver: str, device: Obj) -> bool:
+    try:
+        return evaluate(compile_selector(expr), device_view(driver, device))
+    except (CelCompileError, CelRuntimeError):
+        return False
+
+
+def _attr(device: Obj, name: str, driver: str) -> object:
+    attrs = device.get("attributes") or {}
+    domain, _, ident = name.partition("/")
+    raw = attrs.get(name) or (attrs.get(ident) if domain == driver else None)
+    return tuple(sorted(raw.items())) if raw else None
+
+
+def validate_allocation(
+    allocation: Obj,
+    requests: list[Obj],
+    constraints: list[Obj],
+    slices: list[Obj],
+    classes: list[Obj],
+    held: list[Obj],
+) -> list[str]:
+    """Problems with ``allocation`` (a claim's ``status.allocation``); empty when it is valid.
+
+    Checked independently of the allocator: devices exist and are distinct, not held by another claim,
+    match class + request selectors, tolerate taints, fit shared counters, counts per request (or the
+    chosen subrequest) are exact, and matchAttribute/distinctAttribute hold."""
+    problems: list[str] = []
+    devices = {
+        (s["spec"]["driver"], s["spec"]["pool"]["name"], d["name"]): d
+        for s in slices
+        for d in s["spec"].get("devices") or []
+    }
+    class_exprs = {
+        c["metadata"]["name"]: [x["cel"]["expression"] for x in c["spec"].get("selectors") or []]
+        for c in classes
+    }
+    taken = {(h["driver"], h["pool"], h["device"]) for h in held}
+    results = allocation.get("devices", {}).get("results") or []
+    keys = [(r["driver"], r["pool"], r["device"]) for r in results]
+    if len(set(keys)) != len(keys):
+        problems.append("a device is allocated twice")
+    if taken & set(keys):
+        problems.append(f"devices already held by another claim: {sorted(taken & set(keys))}")
+    specs: dict[str, Obj] = {}
+    for req in requests:
+        if req.get("firstAvailable"):
+            for sub in req["firstAvailable"]:
+                specs[f"{req['name']}/{sub['name']}"] = sub
+        else:
+            specs[req["name"]] = req["exactly"]
+    per_request: dict[str, int] = {}
+    left = _counters(slices)
+    for h in held:
+        for use in devices[(h["driver"], h["pool"], h["device"])].get("consumesCounters") or []:
+            for name, v in use["counters"].items():
+                left[(h["pool"], use["counterSet"], name)] -= parse_quantity(v["value"]).value
+    for r, key in zip(results, keys, strict=True):
+        device = devices.get(key)
+        spec = specs.get(r["request"])
+        if device is None or spec is None:
+            problems.append(f"unknown device or request in {r}")
+            continue
+        per_request[r["request"]] = per_request.get(r["request"], 0) + 1
+        exprs = class_exprs[spec["deviceClassName"]] + [
+            s["cel"]["expression"] for s in spec.get("selectors") or []
+        ]
+        if not all(_matches(e, key[0], device) for e in exprs):
+            problems.append(f"{key} does not match the selectors of {r['request']}")
+        tolerations = spec.get("tolerations") or []
+        for t in device.get("taints") or []:
+            if not any(x.get("key") == t["key"] and x.get("value") == t.get("value") for x in tolerations):
+                problems.append(f"{key} has an untolerated taint")
+        for use in device.get("consumesCounters") or []:
+            for name, v in use["counters"].items():
+                left[(key[1], use["counterSet"], name)] -= parse_quantity(v["value"]).value
+    if any(v < 0 for v in left.values()):
+        problems.append("shared counters over-consumed")
+    for req in requests:
+        chosen = [k for k in per_request if k == req["name"] or k.startswith(req["name"] + "/")]
+        if len(chosen) != 1:
+            problems.append(f"request {req['name']}: results for {chosen}")
+            continue
+        spec = specs[chosen[0]]
+        if (spec.get("allocationMode") or "ExactCount") == "ExactCount" and per_request[
+            chosen[0]
+        ] != spec.get("count", 1):
+            problems.append(
+                f"request {chosen[0]}: {per_request[chosen[0]]} devices, want {spec.get('count', 1)}"
+            )
+    for c in constraints:
+        attr = str(c.get("matchAttribute") or c.get("distinctAttribute"))
+        values = [_attr(devices[k], attr, k[0]) for k in keys if k in devices]
+        if any(v is None for v in values):
+            problems.append(f"a device lacks constraint attribute {attr}")
+        elif c.get("matchAttribute") and len(set(values)) > 1:
+            problems.append(f"matchAttribute {attr} violated")
+        elif c.get("distinctAttribute") and len(set(values)) != len(values):
+            problems.append(f"distinctAttribute {attr} violated")
+    return problems

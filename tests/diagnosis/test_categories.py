@@ -1,0 +1,315 @@
+"""One behaviour per diagnosis category, on small simulated NVIDIA fleets."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from claims.diagnosis import diagnose, diagnose_name, explain_miss, prepare, split_conjuncts
+from claims.fleetstate import FleetState
+from fleet.simulator import nvidia
+from tests.diagnosis.fleet import CAP, GPU, claim, held, node, state
+
+MEM_150 = f"{CAP}.memory.compareTo(quantity('150Gi')) >= 0"
+
+
+def gpu(count: int = 1, selectors: tuple[str, ...] = (), **kwargs: object) -> dict[str, object]:
+    return nvidia.exactly_request("gpu", "gpu.nvidia.com", count, selectors, **kwargs)  # type: ignore[arg-type]
+
+
+def test_a_claim_that_fits_gets_the_node_and_the_devices_the_scheduler_would_pick() -> None:
+    fleet = state(node("a", "H100", gpus=2), held("old", "a", ["gpu-0"], "2026-03-06T10:00:00Z"))
+    result = diagnose(fleet, claim([gpu()]))
+    assert result.category == "fits"
+    assert result.placement is not None
+    assert result.placement["node"] == "a"
+    assert [d["device"] for d in result.placement["devices"]] == ["gpu-1"]
+    assert result.summary.startswith("Fits now on node a: 1 x H100 (gpu-1)")
+
+
+def test_a_fitting_claim_whose_pod_failed_before_the_fleet_changed_waits_for_a_retry() -> None:
+    pod = nvidia.pod_object(
+        "team",
+        "job",
+        [("gpus", nvidia.from_claim("want"))],
+        scheduled=nvidia.unschedulable_condition(
+            nvidia.fit_error_message(1, {"cannot allocate all claims": 1}), "t"
+        ),
+    )
+    pending = nvidia.claim_object("team", "want", [gpu()])
+    result = diagnose(state(node("a", "H100", gpus=1), pod, pending), pending)
+    assert result.category == "fits"
+    assert "has not retried" in result.summary
+    assert result.pod == "team/job"
+
+
+def test_a_fitting_claim_pending_for_a_non_dra_reason_quotes_the_scheduler() -> None:
+    message = "0/1 nodes are available: 1 node(s) didn't match Pod's node affinity/selector."
+    pod = nvidia.pod_object(
+        "team",
+        "job",
+        [("gpus", nvidia.from_claim("want"))],
+        scheduled=nvidia.unschedulable_condition(message, "t"),
+    )
+    pending = nvidia.claim_object("team", "want", [gpu()])
+    result = diagnose(state(node("a", "H100", gpus=1), pod, pending), pending)
+    assert result.category == "fits"
+    assert f"non-DRA reason: {message}" in result.summary
+
+
+def test_capacity_names_the_holders_oldest_first_and_flags_unreserved_ones() -> None:
+    fleet = state(
+        node("a", "B200", gpus=2),
+        held("newer", "a", ["gpu-1"], "2026-03-07T10:00:00Z"),
+        held("older", "a", ["gpu-0"], "2026-03-06T10:00:00Z", pod=None),
+        node("h", "H100", gpus=4),
+    )
+    result = diagnose(fleet, claim([gpu(1, (MEM_150,))]))
+    assert result.category == "capacity"
+    assert "held by team/older, team/newer (oldest first)" in result.summary
+    request = result.requests[0]
+    assert [h["claim"] for h in request["holders"]] == ["team/older", "team/newer"]
+    b200 = next(g for g in request["groups"] if g["model"] == "B200")
+    assert b200["outcomes"] == {"allocated": 2}
+    h100 = next(g for g in request["groups"] if g["model"] == "H100")
+    assert h100["reason"] == "memory 80Gi < 150Gi on 4 H100"
+    assert "team/older" in result.suggestions[0]  # allocated, reserved by nobody
+
+
+def test_no_match_reports_the_nearest_misses_with_the_failing_clause_and_values() -> None:
+    fleet = state(node("h", "H100", gpus=4), node("a", "A100", gpus=2))
+    wanted = f"{GPU}.architecture == 'Hopper' && {MEM_150}"
+    result = diagnose(fleet, claim([gpu(1, (wanted,))]))
+    assert result.category == "no-match"
+    assert "memory 80Gi < 150Gi on 4 H100" in result.summary
+    groups = {g["model"]: g for g in result.requests[0]["groups"]}
+    assert groups["H100"]["failing_clause"] == MEM_150
+    assert groups["A100"]["failing_clause"] == f"{GPU}.architecture == 'Hopper'"
+    assert "architecture 'Ampere'" in groups["A100"]["reason"]
+
+
+def test_fragmentation_when_1g_slices_are_taken_and_bigger_slices_idle() -> None:
+    layout = node("m", "H100", mode="static-mig", layout="balanced", gpus=1)
+    small = [
+        d["name"]
+        for s in layout[1:]
+        for d in s["spec"]["devices"]
+        if d["attributes"]["profile"]["string"] == "1g.10gb"
+    ]
+    fleet = state(layout, held("chat", "m", small, "2026-03-06T10:00:00Z"))
+    request = nvidia.exactly_request("gpu", "mig.nvidia.com", 1, [f"{GPU}.profile.startsWith('1g.')"])
+    result = diagnose(fleet, claim([request]))
+    assert result.category == "fragmentation"
+    assert "1 x 3g.40gb" in result.summary and "1 x 2g.20gb" in result.summary
+    assert result.requests[0]["idle_bigger_mig"] == {"2g.20gb": 1, "3g.40gb": 1}
+    assert "firstAvailable" in result.suggestions[0]
+
+
+def test_dynamic_mig_slices_blocked_by_used_counters_are_fragmentation() -> None:
+    fleet_node = node("d", "H100", mode="dynamic-mig", gpus=1)
+    fleet = state(fleet_node, held("big", "d", ["gpu-0-mig-4g40gb-5-0"], "2026-03-06T10:00:00Z"))
+    request = nvidia.exactly_request("gpu", "mig.nvidia.com", 1, [f"{GPU}.profile == '7g.80gb'"])
+    result = diagnose(fleet, claim([request]))
+    assert result.category == "fragmentation"
+    assert "blocked by their GPU's shared counters" in result.summary
+
+
+def test_constraint_reports_free_devices_per_attribute_value() -> None:
+    fleet = state(node("a", "H100", gpus=4))
+    constraints = [{"matchAttribute": "resource.kubernetes.io/pcieRoot"}]
+    result = diagnose(fleet, claim([gpu(4)], constraints))
+    assert result.category == "constraint"
+    detail = result.requests[-1]["constraints"][0]
+    assert detail["free_per_value"] == {"a: pci0000:15": 2, "a: pci0000:37": 2}
+    assert "at most 2 free devices share one" in result.summary
+
+
+def test_taint_when_the_only_free_matching_devices_are_tainted() -> None:
+    taint = {"key": "nvidia.com/gpu-health", "value": "xid-79", "effect": "NoSchedule"}
+    fleet = state(node("a", "H100", gpus=2, taints={0: [taint], 1: [taint]}))
+    result = diagnose(fleet, claim([gpu()]))
+    assert result.category == "taint"
+    assert "nvidia.com/gpu-health=xid-79:NoSchedule (2)" in result.summary
+    tolerant = gpu(1, tolerations=[{"key": "nvidia.com/gpu-health", "operator": "Exists"}])
+    assert diagnose(fleet, claim([tolerant])).category == "fits"
+
+
+def test_pool_when_matching_devices_sit_in_an_incomplete_pool() -> None:
+    parts = node("a", "H100", gpus=1)
+    parts[1]["spec"]["pool"]["resourceSliceCount"] = 2  # the second slice never arrived
+    result = diagnose(state(parts), claim([gpu()]))
+    assert result.category == "pool"
+    assert "1 of 2 slices published" in result.summary
+
+
+def test_class_missing_names_the_class_and_the_existing_ones() -> None:
+    result = diagnose(
+        state(node("a", "H100", gpus=1)), claim([nvidia.exactly_request("gpu", "gpu.example.com")])
+    )
+    assert result.category == "class-missing"
+    assert result.scheduler_message == "request gpu: device class gpu.example.com does not exist"
+    assert "mig.nvidia.com" in result.suggestions[0]
+
+
+def test_cel_runtime_error_gives_the_schedulers_message_expression_and_attribute() -> None:
+    expr = f"{GPU}.profile == '1g.10gb'"
+    result = diagnose(state(node("full", "H100", gpus=1)), claim([gpu(1, (expr,))]))
+    assert result.category == "cel-error"
+    assert result.scheduler_message == (
+        'running "DynamicResources" filter plugin: claim team/want: selector #0 on device '
+        "gpu.nvidia.com/full/gpu-0: CEL runtime error: no such key: profile"
+        + ". consider using CEL optional "
+        "chaining (.? followed by orValue()) or guarding the check with has() for optional fields"
+    )
+    assert result.requests[0]["expression"] == expr
+    assert result.requests[0]["attribute"] == "profile"
+
+
+def test_cel_compile_error_quotes_the_apiserver_and_suggests_compare_to() -> None:
+    expr = f"{CAP}.memory >= quantity('40Gi')"
+    result = diagnose(state(node("a", "H100", gpus=1)), claim([gpu(1, (expr,))]))
+    assert result.category == "cel-error"
+    assert (
+        "found no matching overload for '_>=_' applied to '(kubernetes.Quantity, kubernetes.Quantity)'"
+        in (result.summary)
+    )
+    assert "compareTo" in result.suggestions[0]
+
+
+def test_too_many_devices_in_one_claim() -> None:
+    result = diagnose(state(node("a", "H100", gpus=8)), claim([gpu(40)]))
+    assert result.category == "too-many"
+    assert "at least 40 devices" in result.summary
+
+
+def test_not_created_quotes_the_controllers_event() -> None:
+    pod = nvidia.pod_object("team", "job", [("gpus", "missing-template")])
+    event = nvidia.failed_claim_creation_event(
+        pod, "gpus", 'resourceclaimtemplate.resource.k8s.io "missing-template" not found'
+    )
+    fleet = state(node("a", "H100", gpus=1), pod, event)
+    result = diagnose_name(fleet, "team", "job")
+    assert result.category == "not-created"
+    assert event["message"] in result.summary
+    assert "missing-template" in result.suggestions[0]
+
+
+def test_first_available_falls_back_to_the_next_subrequest() -> None:
+    request = nvidia.first_available_request(
+        "gpu",
+        [
+            nvidia.subrequest("big", "gpu.nvidia.com", 1, [MEM_150]),
+            nvidia.subrequest("any", "gpu.nvidia.com", 1),
+        ],
+    )
+    result = diagnose(state(node("a", "H100", gpus=1)), claim([request]))
+    assert result.category == "fits"
+    assert result.placement is not None
+    assert result.placement["devices"][0]["request"] == "gpu/any"
+
+
+def test_a_template_is_diagnosed_as_the_claim_it_would_stamp() -> None:
+    template = nvidia.claim_template("team", "t", [gpu(1, (MEM_150,))])
+    result = diagnose(state(node("a", "H100", gpus=2)), template)
+    assert result.category == "no-match"
+    assert result.claim == "team/t"
+
+
+def test_identical_devices_share_one_selector_evaluation() -> None:
+    fleet = state(node("a", "H100", gpus=8), node("b", "H100", gpus=8))
+    diagnose(fleet, claim([gpu(1, (MEM_150,))]))
+    # two selectors (class + request), one distinct projection each over 16 identical-by-projection GPUs
+    assert fleet.evaluations == 2
+    assert fleet.saved == 30
+
+
+def test_diagnosing_does_not_modify_the_input_objects() -> None:
+    fleet = state(node("a", "H100", gpus=1))
+    original = claim([gpu()])
+    before = copy.deepcopy(original)
+    diagnose(fleet, original)
+    assert original == before
+
+
+def test_unknown_names_raise_lookup_error() -> None:
+    with pytest.raises(LookupError, match="team/nope"):
+        diagnose_name(FleetState.from_objects([]), "team", "nope")
+
+
+def test_split_conjuncts_respects_quotes_and_brackets() -> None:
+    expr = "a && (b || c && d) && e.matches('x&&y') && f[\"&&\"]"
+    assert split_conjuncts(expr) == ["a", "(b || c && d)", "e.matches('x&&y')", 'f["&&"]']
+
+
+def test_explain_miss_reports_quantities_and_strings() -> None:
+    fleet = state(node("a", "A100", gpus=1))
+    info = fleet.devices()[0]
+    assert explain_miss(info, f"{GPU}.architecture == 'Hopper' && {MEM_150}") == (
+        f"{GPU}.architecture == 'Hopper'",
+        "architecture 'Ampere'",
+    )
+    assert explain_miss(info, MEM_150) == (MEM_150, "memory 80Gi < 150Gi")
+
+
+def test_a_cel_error_on_any_node_aborts_even_if_another_node_fits() -> None:
+    # Like the scheduler's parallel Filter: the H100 node would fit, the B200 node raises.
+    expr = f"{GPU}.productName == 'NVIDIA H100 80GB HBM3' || {GPU}.profile == '1g.10gb'"
+    fleet = state(node("a-h100", "H100", gpus=1), node("b-b200", "B200", gpus=1))
+    result = diagnose(fleet, claim([gpu(1, (expr,))]))
+    assert result.category == "cel-error"
+    assert "on device gpu.nvidia.com/b-b200/gpu-0" in result.scheduler_message
+
+
+def test_prepared_and_lazy_states_give_the_same_diagnoses() -> None:
+    def build() -> FleetState:
+        return state(
+            node("a", "B200", gpus=2),
+            node("m", "H100", mode="dynamic-mig", gpus=1),
+            held("x", "a", ["gpu-0"], "2026-03-06T10:00:00Z"),
+        )
+
+    claims = [
+        claim([gpu(1, (MEM_150,))]),
+        claim([gpu(2)]),
+        claim([nvidia.exactly_request("gpu", "mig.nvidia.com", 2, [f"{GPU}.profile.startsWith('3g.')"])]),
+    ]
+    lazy, prepared = build(), prepare(build())
+    assert [diagnose(prepared, c).as_dict() for c in claims] == [diagnose(lazy, c).as_dict() for c in claims]
+
+
+def test_selectors_are_not_evaluated_on_devices_already_in_use() -> None:
+    # Both full GPUs are held: the scheduler skips them before their selectors run, so no CEL error.
+    fleet = state(
+        node("a", "A100", gpus=2),
+        held("x", "a", ["gpu-0", "gpu-1"], "2026-03-06T10:00:00Z"),
+        node("m", "H100", mode="static-mig", layout="balanced", gpus=1),
+    )
+    result = diagnose(fleet, claim([gpu(1, (f"{GPU}.profile.startsWith('1g.')",))]))
+    assert result.category == "capacity"
+    assert result.scheduler_message == "cannot allocate all claims"
+
+
+def test_a_node_whose_later_subrequest_would_raise_still_fits_on_the_first() -> None:
+    request = nvidia.first_available_request(
+        "gpu",
+        [
+            nvidia.subrequest("any", "gpu.nvidia.com", 1),
+            nvidia.subrequest("mig", "gpu.nvidia.com", 2, [f"{GPU}.profile.startsWith('1g.')"]),
+        ],
+    )
+    fleet = state(node("a", "A100", gpus=2), held("x", "a", ["gpu-0"], "2026-03-06T10:00:00Z"))
+    result = diagnose(fleet, claim([request]))
+    assert result.category == "fits"
+    assert result.placement is not None
+    assert [(d["request"], d["device"]) for d in result.placement["devices"]] == [("gpu/any", "gpu-1")]
+
+
+def test_all_mode_on_an_incomplete_pool_aborts_like_the_scheduler() -> None:
+    parts = node("a", "H100", gpus=1)
+    parts[1]["spec"]["pool"]["resourceSliceCount"] = 2
+    result = diagnose(state(parts, node("b", "H100", gpus=1)), claim([gpu(allocation_mode="All")]))
+    assert result.category == "pool"
+    assert result.scheduler_message.endswith(
+        "request gpu: asks for all devices, but resource pool gpu.nvidia.com/a is currently being updated"
+    )

@@ -1,0 +1,128 @@
+"""Diagnoses from the database: the snapshot, the debounced task that stores them, and the API views."""
+
+from __future__ import annotations
+
+from io import StringIO
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+import yaml
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.management import call_command
+from django.db import connection
+from rest_framework.test import APIRequestFactory, force_authenticate
+
+from claims import tasks
+from claims.diagnosis import diagnose
+from claims.diagnosis_api import ClaimDiagnosisView, WhatIfView
+from claims.fleetstate import FleetState
+from claims.models import ClaimDiagnosis, ResourceClaim
+from fleet.simulator import nvidia
+from tests.diagnosis.fleet import CAP
+
+pytestmark = pytest.mark.django_db
+FLEET = Path(__file__).resolve().parents[1] / "fixtures" / "fleet-small.yaml"
+
+
+@pytest.fixture
+def imported() -> None:
+    if connection.vendor != "postgresql":
+        pytest.fail(f"database tests need PostgreSQL, got {connection.vendor}")
+    call_command("import_snapshot", str(FLEET), cluster="fixtures", stdout=StringIO())
+
+
+@pytest.fixture
+def user() -> Any:
+    return get_user_model().objects.create_user("oncall", password="x-long-enough-password")
+
+
+def test_the_database_snapshot_diagnoses_like_the_files(imported: None) -> None:
+    from_db = FleetState.from_db("fixtures")
+    from_files = FleetState.from_files([FLEET])
+    for name in ("finetune-70b-0-gpus-ffxl7", "giant-kv-0-gpu-bn7nn", "bad-selector-0-gpu-zfg9h"):
+        a = diagnose(from_db, from_db.find("ResourceClaim", "research", name) or {})
+        b = diagnose(from_files, from_files.find("ResourceClaim", "research", name) or {})
+        assert (a.category, a.summary) == (b.category, b.summary)
+
+
+def test_recompute_stores_one_timed_diagnosis_per_pending_claim(imported: None) -> None:
+    counts = tasks.recompute_diagnoses("fixtures")
+    assert counts == {"capacity": 1, "no-match": 1, "cel-error": 1}
+    stored = {d.claim.name: d for d in ClaimDiagnosis.objects.select_related("claim")}
+    assert set(stored) == set(ResourceClaim.objects.filter(state="pending").values_list("name", flat=True))
+    assert all(d.computed_at is not None and d.result["summary"] == d.summary for d in stored.values())
+
+
+def test_fleet_changes_within_the_debounce_window_enqueue_once() -> None:
+    redis.Redis.from_url(str(settings.REDIS_URL)).delete(tasks._marker("debounce-test"))
+    assert tasks.on_fleet_change({"cluster": "debounce-test", "kind": "ResourceSlice"}) is True
+    assert tasks.on_fleet_change({"cluster": "debounce-test", "kind": "Pod"}) is False
+    assert tasks.on_fleet_change({"cluster": "other", "kind": "WatchCursor"}) is False
+
+
+def test_claim_diagnosis_endpoint_returns_the_stored_result(imported: None, user: Any) -> None:
+    claim = ResourceClaim.objects.get(name="giant-kv-0-gpu-bn7nn")
+    request = APIRequestFactory().get(f"/api/v1/claims/{claim.pk}/diagnosis")
+    force_authenticate(request, user)
+    response = ClaimDiagnosisView.as_view()(request, pk=claim.pk)
+    assert response.status_code == 200
+    assert response.data["category"] == "no-match"
+    assert response.data["computed_at"] == ClaimDiagnosis.objects.get(claim=claim).computed_at
+
+
+def test_whatif_accepts_yaml_and_json_and_rejects_garbage(imported: None, user: Any) -> None:
+    template = nvidia.claim_template(
+        "team",
+        "t",
+        [
+            nvidia.exactly_request(
+                "gpu", "gpu.nvidia.com", 1, [f"{CAP}.memory.compareTo(quantity('40Gi')) >= 0"]
+            )
+        ],
+    )
+    factory = APIRequestFactory()
+    for body, content_type in (
+        (yaml.safe_dump(template), "application/yaml"),
+        (nvidia_json(template), "application/json"),
+    ):
+        request = factory.post("/api/v1/whatif", body, content_type=content_type)
+        force_authenticate(request, user)
+        response = WhatIfView.as_view()(request)
+        assert response.status_code == 200, response.data
+        assert set(response.data) >= {"category", "summary", "requests", "suggestions", "placement", "lint"}
+    request = factory.post("/api/v1/whatif", "kind: [", content_type="application/yaml")
+    force_authenticate(request, user)
+    response = WhatIfView.as_view()(request)
+    assert response.status_code == 400
+    assert "invalid YAML" in response.data["detail"]
+
+
+def test_whatif_requires_authentication(imported: None) -> None:
+    request = APIRequestFactory().post("/api/v1/whatif", "{}", content_type="application/json")
+    assert WhatIfView.as_view()(request).status_code in (401, 403)
+
+
+def nvidia_json(obj: dict[str, Any]) -> str:
+    import json
+
+    return json.dumps(obj)
+
+
+def test_explain_reads_the_database_when_no_fleet_file_is_given(imported: None) -> None:
+    import json
+
+    out = StringIO()
+    call_command("explain", "research/giant-kv-0", "--cluster", "fixtures", "--json", stdout=out)
+    assert json.loads(out.getvalue())["category"] == "no-match"
+
+
+def test_explain_names_an_unknown_cluster() -> None:
+    from django.core.management import CommandError
+
+    with pytest.raises(
+        CommandError, match="unknown cluster 'nope' \\(or pass --fleet FILE to run offline\\)"
+    ):
+        call_command("explain", "a/b", "--cluster", "nope", stdout=StringIO())
