@@ -8,10 +8,11 @@ UV_VERSION := 0.13.9
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: help venv venv-dev demo test lint typecheck unit services services-stop cluster controlplane clean
+.PHONY: help venv venv-dev demo demo-stack test lint typecheck unit services services-stop cluster controlplane clean
 
 help:
 	@echo "make demo   - install and start the dashboard on http://$(HOST):$(PORT)/ (SQLite, simulated fleet)"
+	@echo "make demo-stack - the production topology locally: PostgreSQL, Redis, Celery workers, beat, ASGI"
 	@echo "make test   - install PostgreSQL, Redis, Chromium and the Kubernetes control plane; lint and test"
 	@echo "make lint   - ruff (lint + format check) and mypy"
 	@echo "make cluster - start the test Kubernetes control plane in the foreground (Ctrl-C stops it)"
@@ -43,6 +44,9 @@ venv-dev: $(VENV)/.dev
 
 demo: venv
 	@$(PY) manage.py demo --host $(HOST) --port $(PORT)
+
+demo-stack: venv
+	@scripts/demo-stack.sh
 
 services:
 	@scripts/services.sh start

@@ -2,31 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import secrets
-from pathlib import Path
 from typing import Any
 
-from django.conf import settings
-from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from claims import demo
-
-DEMO_USER = "demo"
-
-
-def demo_password() -> str:
-    """A per-machine password kept in the data folder (never a password in the repository)."""
-    path = Path(settings.DATA_DIR) / "demo-password"
-    if path.exists():
-        return path.read_text().strip()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    password = secrets.token_urlsafe(12)
-    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
-        f.write(password)
-    return password
+from claims.management.commands.demo_login import DEMO_USER, ensure_demo_user
 
 
 class Command(BaseCommand):
@@ -48,10 +30,7 @@ class Command(BaseCommand):
         if options["speed"] <= 0:
             raise CommandError("--speed must be a positive number of simulated seconds per second")
         call_command("migrate", verbosity=0, interactive=False)
-        password = demo_password()
-        user, _ = get_user_model().objects.get_or_create(username=DEMO_USER, defaults={"is_staff": True})
-        user.set_password(password)
-        user.save()
+        password = ensure_demo_user()
         url = f"http://{options['host']}:{options['port']}/"
         self.stdout.write("simulating the weekend (Friday 17:00 to Monday 09:00)...")
         running = demo.start(seed=options["seed"], speed=options["speed"])
