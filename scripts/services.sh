@@ -78,6 +78,10 @@ CONF
   fi
   if as_pg "$bin/pg_ctl" -D "$PG_DATA" status >/dev/null 2>&1; then
     log "PostgreSQL already running on $PG_PORT"
+  elif "$bin/pg_isready" -q -h 127.0.0.1 -p "$PG_PORT" && \
+    as_pg "$bin/psql" -h 127.0.0.1 -p "$PG_PORT" -U claimscope -d postgres -tAc "SELECT 1" >/dev/null 2>&1; then
+    # A server of ours from another checkout or data folder already listens there: use it.
+    log "PostgreSQL already running on $PG_PORT (data elsewhere)"
   else
     as_pg "$bin/pg_ctl" -D "$PG_DATA" -l "$PG_DATA/server.log" -w -t 60 start >/dev/null
     log "PostgreSQL started on 127.0.0.1:$PG_PORT"
