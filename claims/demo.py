@@ -46,6 +46,10 @@ def prepare(seed: int = 0) -> Simulation:
     fleet = build_fleet(spec_from_dict({**scenarios.MONDAY_FLEET, "seed": seed}))
     for workload in random_workloads(fleet, seed, scenarios.MONDAY_09, hours=24 * 7, per_hour=6):
         simulation.submit(workload)
+    # Hardware trouble during the week: a GPU raises a fatal XID, later a whole node vanishes.
+    names = [n["metadata"]["name"] for n in fleet.nodes]
+    simulation.xid(scenarios.MONDAY_09 + timedelta(hours=2), names[0], gpu_minor=3)
+    simulation.node_loss(scenarios.MONDAY_09 + timedelta(hours=30), names[-1])
     return simulation
 
 

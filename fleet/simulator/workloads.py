@@ -187,6 +187,14 @@ class Simulation:
     def submit(self, w: Workload) -> None:
         self.at(w.arrival, "arrive", w)
 
+    def xid(self, when: datetime, node: str, gpu_minor: int, code: str = "79") -> None:
+        """A fatal XID on a GPU: the driver's health check taints all of that GPU's devices (NoSchedule)."""
+        self.at(when, "xid", node, gpu_minor, code)
+
+    def node_loss(self, when: datetime, node: str) -> None:
+        """A node vanishes: its Node and slices go, and its pods are deleted (their claims released)."""
+        self.at(when, "node_loss", node)
+
     def leak(self, when: datetime, namespace: str, name: str, request: Obj, release_after: timedelta) -> None:
         """A hand-made claim used by a pod deleted later: it stays allocated, reserved by nobody."""
         self.at(when, "leak", namespace, name, request, release_after)
@@ -335,6 +343,36 @@ class Simulation:
         self._release(pod)
         self.cluster.delete("Pod", ns, pod_name)
 
+    def _do_xid(self, node: str, gpu_minor: int, code: str) -> None:
+        taint = {
+            "key": "gpu.nvidia.com/xid",
+            "value": code,
+            "effect": "NoSchedule",
+            "timeAdded": ts(self.now),
+        }
+        for slice_obj in self.cluster.slices_by_node().get(node, []):
+            devices = slice_obj["spec"].get("devices") or []
+            hit = [
+                d
+                for d in devices
+                if _gpu_minor(d["name"]) == gpu_minor
+                and taint["key"] not in {t["key"] for t in d.get("taints", [])}
+            ]
+            if hit:
+                tainted = [{**d, "taints": [*d.get("taints", []), taint]} if d in hit else d for d in devices]
+                self.cluster.update({**slice_obj, "spec": {**slice_obj["spec"], "devices": tainted}})
+
+    def _do_node_loss(self, node: str) -> None:
+        for pod in list(self.cluster.objects("Pod")):
+            if pod["spec"].get("nodeName") == node:
+                # The pod garbage collector deletes pods bound to a node that no longer exists.
+                self._release(pod)
+                self.cluster.delete("Pod", pod["metadata"]["namespace"], pod["metadata"]["name"])
+        for slice_obj in self.cluster.slices_by_node().get(node, []):
+            self.cluster.delete("ResourceSlice", None, slice_obj["metadata"]["name"])
+        if self.cluster.get("Node", None, node) is not None:
+            self.cluster.delete("Node", None, node)
+
     def _do_leak(self, ns: str, name: str, request: Obj, release_after: timedelta) -> None:
         claim = self.cluster.create(nv.claim_object(ns, name, [request], created=ts(self.now)))
         pod_name = f"{name}-notebook"
@@ -355,6 +393,12 @@ class Simulation:
             return
         self._release(pod, keep_allocation=True)
         self.cluster.delete("Pod", ns, pod_name)
+
+
+def _gpu_minor(device_name: str) -> int | None:
+    """ "gpu-3" and "gpu-3-mig-1g10gb-19-0" belong to GPU 3."""
+    parts = device_name.split("-")
+    return int(parts[1]) if len(parts) > 1 and parts[0] == "gpu" and parts[1].isdigit() else None
 
 
 # ---- random workload mix ----------------------------------------------------------------------------------

@@ -353,3 +353,35 @@ def test_random_workloads_are_seeded() -> None:
         if not r.get("adminAccess")
     )
     assert all(n == 1 for n in owners.values())
+
+
+def test_an_xid_taints_every_device_of_that_gpu_only() -> None:
+    cluster = SimulatedCluster()
+    sim = Simulation(cluster, naive_schedule, datetime(2026, 3, 6, 17, 0, tzinfo=UTC))
+    pool = {"name": "h", "model": "H100", "nodes": 1, "mode": "static-mig", "layout": "all-1g"}
+    sim.load_fleet(build_fleet(spec_from_dict({"pools": [pool]})))
+    node = cluster.list("Node")[0][0]["metadata"]["name"]
+    sim.xid(sim.now + timedelta(minutes=1), node, gpu_minor=2)
+    sim.run(sim.now + timedelta(minutes=2))
+    devices = [d for s in cluster.slices_by_node()[node] for d in s["spec"]["devices"]]
+    tainted = {d["name"] for d in devices if d.get("taints")}
+    assert tainted and all(name.startswith("gpu-2-") for name in tainted)
+    assert len(tainted) == 7
+    assert all(t["effect"] == "NoSchedule" for d in devices for t in d.get("taints", []))
+
+
+def test_a_vanished_node_takes_its_slices_and_pods_and_frees_their_claims() -> None:
+    cluster = SimulatedCluster()
+    sim = Simulation(cluster, naive_schedule, datetime(2026, 3, 6, 17, 0, tzinfo=UTC))
+    sim.load_fleet(build_fleet(spec_from_dict({"pools": [{"name": "b", "model": "B200", "nodes": 2}]})))
+    sim.submit(training("ml", "job", sim.now, 8, [], None))
+    sim.run(sim.now + timedelta(minutes=1))
+    (pod,) = cluster.list("Pod")[0]
+    node = pod["spec"]["nodeName"]
+    assert cluster.allocated_devices()
+    sim.node_loss(sim.now + timedelta(minutes=1), node)
+    sim.run(sim.now + timedelta(minutes=2))
+    assert node not in {n["metadata"]["name"] for n in cluster.list("Node")[0]}
+    assert node not in cluster.slices_by_node()
+    assert cluster.list("Pod")[0] == []
+    assert cluster.allocated_devices() == {}
