@@ -38,6 +38,19 @@ def _error(message: str, code: int = status.HTTP_400_BAD_REQUEST) -> Response:
     return Response({"detail": message}, status=code)
 
 
+# What the schema promises: a Kubernetes object of one of the two kinds, with a spec.
+WHATIF_BODY = {
+    "type": "object",
+    "required": ["kind", "spec"],
+    "properties": {
+        "apiVersion": {"type": "string", "example": "resource.k8s.io/v1"},
+        "kind": {"type": "string", "enum": list(WHATIF_KINDS)},
+        "metadata": {"type": "object"},
+        "spec": {"type": "object"},
+    },
+}
+
+
 class WhatIfView(APIView):
     """Would this ResourceClaim or ResourceClaimTemplate (YAML or JSON body) fit the fleet right now?
 
@@ -47,7 +60,7 @@ class WhatIfView(APIView):
     parser_classes = [_RawParser]
 
     @extend_schema(
-        request={"application/json": OpenApiTypes.OBJECT, "application/yaml": OpenApiTypes.STR},
+        request={"application/json": WHATIF_BODY, "application/yaml": OpenApiTypes.STR},
         responses={200: OpenApiTypes.OBJECT, 400: OpenApiTypes.OBJECT, 404: OpenApiTypes.OBJECT},
         parameters=[OpenApiParameter("cluster", str, description="cluster name (when there are several)")],
     )
@@ -75,8 +88,11 @@ class ClaimDiagnosisView(APIView):
     stored yet."""
 
     @extend_schema(responses={200: OpenApiTypes.OBJECT, 404: OpenApiTypes.OBJECT})
-    def get(self, request: Request, pk: int) -> Response:
-        claim = get_object_or_404(ResourceClaim.objects.select_related("cluster"), pk=pk)
+    def get(self, request: Request, pk: str) -> Response:
+        # The id is matched as text so that a malformed one gets the API's JSON 404, not Django's page.
+        if not pk.isdigit() or len(pk) > 18:
+            return _error(f"no claim with id {pk[:40]!r}", status.HTTP_404_NOT_FOUND)
+        claim = get_object_or_404(ResourceClaim.objects.select_related("cluster"), pk=int(pk))
         stored = ClaimDiagnosis.objects.filter(claim=claim).first()
         if stored is None:
             from claims.tasks import store_diagnosis
@@ -87,5 +103,5 @@ class ClaimDiagnosisView(APIView):
 
 urlpatterns_v1 = [
     path("whatif", WhatIfView.as_view(), name="whatif"),
-    path("claims/<int:pk>/diagnosis", ClaimDiagnosisView.as_view(), name="claim-diagnosis"),
+    path("claims/<str:pk>/diagnosis", ClaimDiagnosisView.as_view(), name="claim-diagnosis"),
 ]
