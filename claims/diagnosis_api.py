@@ -88,11 +88,12 @@ class ClaimDiagnosisView(APIView):
     stored yet."""
 
     @extend_schema(responses={200: OpenApiTypes.OBJECT, 404: OpenApiTypes.OBJECT})
-    def get(self, request: Request, pk: str) -> Response:
+    def get(self, request: Request, pk: str | int) -> Response:
         # The id is matched as text so that a malformed one gets the API's JSON 404, not Django's page.
-        if not pk.isdigit() or len(pk) > 18:
-            return _error(f"no claim with id {pk[:40]!r}", status.HTTP_404_NOT_FOUND)
-        claim = get_object_or_404(ResourceClaim.objects.select_related("cluster"), pk=int(pk))
+        text = str(pk)
+        if not text.isdigit() or len(text) > 18:
+            return _error(f"no claim with id {text[:40]!r}", status.HTTP_404_NOT_FOUND)
+        claim = get_object_or_404(ResourceClaim.objects.select_related("cluster"), pk=int(text))
         stored = ClaimDiagnosis.objects.filter(claim=claim).first()
         if stored is None:
             from claims.tasks import store_diagnosis
