@@ -17,7 +17,7 @@ from functools import lru_cache
 from typing import Any
 
 from django.apps import apps
-from django.db.models import BooleanField, ExpressionWrapper, Q
+from django.db.models import BooleanField, ExpressionWrapper, Q, QuerySet
 
 from fleet.models import Device, ResourceSlice
 from fleet.normalize import FULL_GPU_SLICES
@@ -203,6 +203,12 @@ def current_devices(cluster_id: int | None = None) -> tuple[list[dict[str, Any]]
     if cluster_id is not None:
         slices = slices.filter(cluster_id=cluster_id)
         devices = devices.filter(cluster_id=cluster_id)
+    newest, counters = newest_generations(slices)
+    return _of_newest(devices.values(*SUMMARY_FIELDS), newest), counters
+
+
+def newest_generations(slices: QuerySet[ResourceSlice]) -> tuple[dict[PoolKey, int], CounterSets]:
+    """Each pool's highest generation among ``slices``, and its shared counter sets at that generation."""
     newest: dict[PoolKey, int] = {}
     counters: CounterSets = defaultdict(dict)
     rows = slices.values_list("cluster_id", "driver", "pool", "pool_generation", "shared_counters")
@@ -212,12 +218,16 @@ def current_devices(cluster_id: int | None = None) -> tuple[list[dict[str, Any]]
             newest[key] = generation
             counters[key] = {}
         counters[key].update(counter_sets_of(shared))
-    current = [
+    return newest, dict(counters)
+
+
+def _of_newest(rows: Iterable[dict[str, Any]], newest: dict[PoolKey, int]) -> list[dict[str, Any]]:
+    """Device rows of their pool's newest generation (pools without slices keep their devices)."""
+    return [
         d
-        for d in devices.values(*SUMMARY_FIELDS)
+        for d in rows
         if d["pool_generation"] >= newest.get((d["cluster_id"], d["driver"], d["pool"]), d["pool_generation"])
     ]
-    return current, dict(counters)
 
 
 def allocated_keys(cluster_id: int | None = None) -> set[DeviceKey]:
@@ -269,30 +279,18 @@ def heatmap_devices(
         devices = devices.filter(node_name=node)
         # Counters live in the node's pools' slices, which may not name the node (perDeviceNodeSelection).
         slices = slices.filter(pool__in=devices.values("pool"))
-    newest: dict[PoolKey, int] = {}
-    counter_sets: CounterSets = defaultdict(dict)
-    rows = slices.values_list("cluster_id", "driver", "pool", "pool_generation", "shared_counters")
-    for cid, driver, pool_name, generation, shared in rows.order_by("pool_generation"):
-        key = (cid, driver, pool_name)
-        if generation > newest.get(key, -1):
-            newest[key] = generation
-            counter_sets[key] = {}
-        counter_sets[key].update(counter_sets_of(shared))
+    newest, counter_sets = newest_generations(slices)
     fields: tuple[str, ...] = (*HEATMAP_FIELDS, *extra)
     if not counters:
         fields = tuple(f for f in fields if f != "counters_consumed")
         flag = ExpressionWrapper(~Q(counters_consumed=[]), output_field=BooleanField())
         devices = devices.annotate(has_counters=flag)
         fields = (*fields, "has_counters")
-    current = [
-        d
-        for d in devices.values(*fields)
-        if d["pool_generation"] >= newest.get((d["cluster_id"], d["driver"], d["pool"]), d["pool_generation"])
-    ]
+    current = _of_newest(devices.values(*fields), newest)
     if not counters:
         for d in current:
             d["counters_consumed"] = []
-    return current, dict(counter_sets)
+    return current, counter_sets
 
 
 def device_counters(
