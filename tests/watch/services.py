@@ -31,7 +31,11 @@ class ServiceError(RuntimeError):
 class PrivateServices:
     """PostgreSQL + Redis in a temporary directory, migrated; ``env()`` for subprocesses using them."""
 
-    def __init__(self) -> None:
+    def __init__(self, pg_port: int = PG_PORT, redis_port: int = REDIS_PORT) -> None:
+        # Another test module may run its own instances at the same time: each picks its ports.
+        self.pg_port, self.redis_port = pg_port, redis_port
+        self.db_url = f"postgres://claimscope@127.0.0.1:{pg_port}/claimscope"
+        self.redis_url = f"redis://127.0.0.1:{redis_port}/4"
         self.dir = Path(tempfile.mkdtemp(prefix="claimscope-h4-services-"))
         self.dir.chmod(0o755)  # PostgreSQL runs as its own user when we are root
 
@@ -40,8 +44,8 @@ class PrivateServices:
             **os.environ,
             "CLAIMSCOPE_SERVICES_DIR": str(self.dir),
             "CLAIMSCOPE_PG_DATA": str(self.dir / "pg"),
-            "CLAIMSCOPE_PG_PORT": str(PG_PORT),
-            "CLAIMSCOPE_REDIS_PORT": str(REDIS_PORT),
+            "CLAIMSCOPE_PG_PORT": str(self.pg_port),
+            "CLAIMSCOPE_REDIS_PORT": str(self.redis_port),
         }
         result = subprocess.run(
             ["bash", str(ROOT / "scripts" / "services.sh"), *args],
@@ -55,7 +59,7 @@ class PrivateServices:
         return result.stdout
 
     def start(self) -> None:
-        for port in (PG_PORT, REDIS_PORT):
+        for port in (self.pg_port, self.redis_port):
             with socket.socket() as probe:
                 if probe.connect_ex(("127.0.0.1", port)) == 0:
                     raise ServiceError(f"port {port} is already in use (a leftover private instance?)")
@@ -63,7 +67,7 @@ class PrivateServices:
         self.manage("migrate", "--noinput")
 
     def stop(self) -> None:
-        subprocess.run(["redis-cli", "-p", str(REDIS_PORT), "shutdown", "nosave"], capture_output=True)
+        subprocess.run(["redis-cli", "-p", str(self.redis_port), "shutdown", "nosave"], capture_output=True)
         result = subprocess.run(self._pg_ctl("-m", "fast", "-w", "stop"), capture_output=True, text=True)
         if result.returncode != 0:
             raise ServiceError(f"pg_ctl stop failed: {result.stderr}")
@@ -77,8 +81,8 @@ class PrivateServices:
     def env(self, **extra: str) -> dict[str, str]:
         return {
             **os.environ,
-            "DATABASE_URL": DB_URL,
-            "REDIS_URL": REDIS_URL,
+            "DATABASE_URL": self.db_url,
+            "REDIS_URL": self.redis_url,
             "SECRET_KEY": "test-secret-key-for-the-watch-worker-subprocesses-0123456789",
             "SECURE_COOKIES": "0",
             "CLAIMSCOPE_WATCH_TIMEOUT": "8",
@@ -104,7 +108,7 @@ class PrivateServices:
 
     def restart_redis(self) -> None:
         """Shut Redis down without saving (its keys are lost, as after a crash) and start it again."""
-        subprocess.run(["redis-cli", "-p", str(REDIS_PORT), "shutdown", "nosave"], capture_output=True)
+        subprocess.run(["redis-cli", "-p", str(self.redis_port), "shutdown", "nosave"], capture_output=True)
         self._script("start")
 
     def restart_postgres(self) -> None:
@@ -114,7 +118,7 @@ class PrivateServices:
             raise ServiceError(f"pg_ctl restart failed: {result.stderr}")
 
     def count(self, cluster: str, table: str) -> int:
-        with psycopg.connect(DB_URL.replace("postgres://", "postgresql://")) as conn:
+        with psycopg.connect(self.db_url.replace("postgres://", "postgresql://")) as conn:
             sql = f"SELECT count(*) FROM {table} t JOIN fleet_cluster c ON c.id = t.cluster_id"
             sql += " WHERE c.name = %s"
             row = conn.execute(sql, (cluster,)).fetchone()
@@ -122,9 +126,19 @@ class PrivateServices:
 
 
 class Worker:
-    """`celery -A dashboard worker -Q watch -B` in its own process group, logging to a file."""
+    """`celery -A dashboard worker -Q watch -B` in its own process group, logging to a file.
 
-    def __init__(self, services: PrivateServices, name: str, clusters: str, log_dir: Path) -> None:
+    ``queues="celery", beat=False`` is the default-queue worker (diagnoses, history) of production."""
+
+    def __init__(
+        self,
+        services: PrivateServices,
+        name: str,
+        clusters: str,
+        log_dir: Path,
+        queues: str = "watch",
+        beat: bool = True,
+    ) -> None:
         self.log = log_dir / f"worker-{name}.log"
         schedule = log_dir / f"beat-{name}"
         cmd = [
@@ -133,16 +147,14 @@ class Worker:
             "dashboard",
             "worker",
             "-Q",
-            "watch",
+            queues,
             "-P",
             "threads",
             "-c",
             "12",
             "-n",
             f"{name}@%h",
-            "-B",
-            "-s",
-            str(schedule),
+            *(["-B", "-s", str(schedule)] if beat else []),
             "-l",
             "info",
             "--without-gossip",
