@@ -17,8 +17,9 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
+from fleet.kube.source import Gone, Source
 from fleet.simulator.scheduling import DeviceKey
 
 Obj = dict[str, Any]
@@ -43,20 +44,6 @@ API_VERSIONS: dict[str, str] = {
     "Pod": "v1",
     "Event": "v1",
 }
-
-
-class Source(Protocol):
-    """What a reflector needs from a Kubernetes API (real or simulated)."""
-
-    def list(self, kind: str) -> tuple[list[Obj], str]: ...
-
-    def watch(
-        self, kind: str, resource_version: str, timeout_seconds: float | None = None
-    ) -> Iterator[Obj]: ...
-
-
-class Gone(Exception):
-    """Raised internally when a watch starts from a compacted resourceVersion."""
 
 
 def expired_status(requested: str, oldest: int) -> Obj:
@@ -298,3 +285,9 @@ def _bad_request(rv: str) -> Obj:
         "reason": "BadRequest",
         "code": 400,
     }
+
+
+if TYPE_CHECKING:
+    # mypy proves the simulator offers the reflector's protocol (one definition, in fleet.kube.source).
+    def _is_a_source(cluster: SimulatedCluster) -> Source:
+        return cluster
