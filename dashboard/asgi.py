@@ -10,6 +10,7 @@ django_asgi_app = get_asgi_application()
 from channels.auth import AuthMiddlewareStack  # noqa: E402  (needs the app registry loaded first)
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+from django.conf import settings  # noqa: E402
 
 from dashboard.routing import websocket_urlpatterns  # noqa: E402
 
@@ -19,3 +20,10 @@ application = ProtocolTypeRouter(
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )
+
+if settings.CLAIMSCOPE_WARM_HEATMAP:
+    import threading
+
+    from fleet import feed
+
+    threading.Thread(target=feed.warm, name="heatmap-warm", daemon=True).start()

@@ -6,4 +6,8 @@ class FleetConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        import fleet.ingest  # noqa: F401  (registers the fleet kinds' table specs)
+        import fleet.ingest  # registers the fleet kinds' table specs
+        from fleet.tasks_summary import on_fleet_change
+
+        # The API's fleet summary is recomputed (debounced, by Celery) after fleet changes.
+        fleet.ingest.add_change_listener(on_fleet_change)

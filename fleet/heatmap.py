@@ -10,13 +10,13 @@ delta replaces whole rows and removes rows, so applying it is a dictionary updat
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from fleet.filters import FleetFilter
 from fleet.normalize import FULL_GPU_SLICES
-from fleet.selectors import CounterSets, DeviceKey, Holder, unavailable_devices
+from fleet.selectors import CounterSets, DeviceKey, GpuRow, Holder, unavailable_devices
 
 TAINTED = 1  # the GPU or one of its MIG devices carries a NoSchedule/NoExecute taint
 UNAVAILABLE = 2  # some unallocated device is blocked by counters its allocated siblings use (dynamic MIG)
@@ -28,9 +28,25 @@ Row = list[Any]  # [cluster, node, model, pool, [cells]]
 Rows = dict[str, Row]
 
 
-# A GPU while rows are built: [cluster id, node, pool, model, index, slices used, flags, dynamic,
-# MIG profiles [(slices, profile, allocated)], claims {(namespace, name)}]. Plain lists: 40,000 of them.
-_CID, _NODE, _POOL, _MODEL, _INDEX, _USED, _FLAGS, _DYNAMIC, _PROFILES, _CLAIMS = range(10)
+class Gpu(NamedTuple):
+    """One physical GPU of the heatmap: where it sits and its cell's values."""
+
+    cluster_id: int
+    driver: str
+    pool: str
+    uuid: str
+    node: str  # the node name, or the pool for devices without one
+    model: str
+    minor: int | None  # the GPU index; None when no device published it
+    used: int  # allocated compute slices, not yet capped at 7
+    flags: int
+    layout: str
+    claims: int  # distinct claims holding one of its devices
+
+
+# A GPU while it is built from device dicts: [cluster id, driver, pool, node, model, index, slices used,
+# flags, dynamic, MIG profiles [(slices, profile, allocated)], claims {(namespace, name)}].
+_CID, _DRIVER, _POOL, _NODE, _MODEL, _INDEX, _USED, _FLAGS, _DYNAMIC, _PROFILES, _CLAIMS = range(11)
 
 
 def device_key(d: Mapping[str, Any]) -> DeviceKey:
@@ -42,7 +58,7 @@ def row_key(cluster: str, node: str) -> str:
 
 
 def blocked_devices(
-    devices: list[Mapping[str, Any]], allocated: set[DeviceKey], counter_sets: CounterSets
+    devices: Sequence[Mapping[str, Any]], allocated: set[DeviceKey], counter_sets: CounterSets
 ) -> set[DeviceKey]:
     """:func:`fleet.selectors.unavailable_devices`, evaluated only where it can find something: devices
     sharing a counter set with an allocated device. (A device that would not fit its counter set even with
@@ -66,19 +82,25 @@ def blocked_devices(
     return unavailable_devices(candidates, allocated, counter_sets)  # type: ignore[arg-type]
 
 
-def build_rows(
+def layout(profiles: Iterable[tuple[int, str, bool]], dynamic: bool) -> str:
+    """A GPU's MIG layout from its MIG devices' (compute slices, profile, allocated): "" for a whole GPU;
+    the static MIG profiles, largest first; "dynamic" and its allocated partitions."""
+    ordered = sorted(profiles, key=lambda p: (-p[0], p[1]))
+    if dynamic:
+        return "dynamic" + "".join(f" {p[1]}" for p in ordered if p[2])
+    return " ".join(p[1] for p in ordered)
+
+
+def gpu_records(
     devices: Iterable[Mapping[str, Any]],
     allocated: set[DeviceKey],
     counter_sets: CounterSets,
     holders: Mapping[DeviceKey, list[Holder]],
-    cluster_names: Mapping[int, str],
-    labels: Mapping[tuple[int, str], Mapping[str, str]],
-    filters: FleetFilter,
-) -> Rows:
-    """Rows of the heatmap for GPU/MIG device dicts (the fields of ``selectors.HEATMAP_FIELDS``).
+) -> list[Gpu]:
+    """The physical GPUs of GPU/MIG device dicts (the fields of ``selectors.HEATMAP_FIELDS``).
 
-    Precondition: ``devices`` are current (highest pool generation) and already narrowed by cluster,
-    model and pool; the node-label and state filters apply here.
+    Precondition: ``devices`` are current (highest pool generation). PostgreSQL computes the same records
+    in one query (:func:`gpus_of_sql_rows`); this is the reference, and the path on other databases.
     """
     devices = list(devices)
     blocked = blocked_devices(devices, allocated, counter_sets)
@@ -91,7 +113,8 @@ def build_rows(
         gpu = gpus.get((cid, gpu_uuid))
         if gpu is None:
             node = d["node_name"] or d["pool"]
-            gpu = gpus[(cid, gpu_uuid)] = [cid, node, d["pool"], d["model"], None, 0, 0, False, [], set()]
+            gpu = [cid, d["driver"], d["pool"], node, d["model"], None, 0, 0, False, [], set()]
+            gpus[(cid, gpu_uuid)] = gpu
         kind = d["kind"]
         if d["gpu_minor"] is not None and (kind == "gpu" or gpu[_INDEX] is None):
             gpu[_INDEX] = d["gpu_minor"]
@@ -111,24 +134,112 @@ def build_rows(
             if d["counters_consumed"] or d.get("has_counters"):
                 gpu[_DYNAMIC] = True
             gpu[_PROFILES].append((d["compute_slices"], d["mig_profile"], is_allocated))
-    rows: Rows = {}
+    return [
+        Gpu(
+            g[_CID],
+            g[_DRIVER],
+            g[_POOL],
+            uuid,
+            g[_NODE],
+            g[_MODEL],
+            g[_INDEX],
+            g[_USED],
+            g[_FLAGS],
+            layout(g[_PROFILES], g[_DYNAMIC]) if g[_PROFILES] else "",
+            len(g[_CLAIMS]),
+        )
+        for (_, uuid), g in gpus.items()
+    ]
+
+
+def gpus_of_sql_rows(rows: Iterable[GpuRow], blocked_gpus: set[tuple[int, str]]) -> list[Gpu]:
+    """GPU records from :func:`fleet.selectors.heatmap_gpu_rows`; ``blocked_gpus`` are the (cluster id,
+    gpu uuid) of GPUs with a partition blocked by counters (the dynamic-MIG rule, evaluated separately)."""
+    out = []
+    for (
+        cid,
+        driver,
+        pool,
+        uuid,
+        node,
+        model,
+        index,
+        used,
+        tainted,
+        reserved,
+        unreserved,
+        dynamic,
+        _,
+        profiles,
+        claims,
+    ) in rows:
+        flags = (
+            (TAINTED if tainted else 0) | (RESERVED if reserved else 0) | (UNRESERVED if unreserved else 0)
+        )
+        if (cid, uuid) in blocked_gpus:
+            flags |= UNAVAILABLE
+        mig = ""
+        if profiles or dynamic:
+            parsed = []
+            for line in profiles.split("\n") if profiles else ():
+                slices, profile, taken = line.split(" ")
+                parsed.append((int(slices), profile, taken == "1"))
+            mig = layout(parsed, dynamic)
+        count = len(set(claims.split("\n"))) if claims else 0
+        out.append(Gpu(cid, driver, pool, uuid, node, model, index, used, flags, mig, count))
+    return out
+
+
+def rows_of(
+    gpus: Iterable[Gpu],
+    cluster_names: Mapping[int, str],
+    labels: Mapping[tuple[int, str], Mapping[str, str]],
+    filters: FleetFilter,
+) -> Rows:
+    """Heatmap rows of GPU records narrowed by ``filters`` (GPUs of clusters missing from
+    ``cluster_names`` are left out). A row's model and pool are those of its lowest-indexed GPU."""
+    by_row: dict[tuple[int, str], list[Gpu]] = {}
     state = filters.state
-    for gpu in gpus.values():
-        cid = gpu[_CID]
-        cluster = cluster_names.get(cid, str(cid))
-        if filters.label and not filters.matches_labels(labels.get((cid, gpu[_NODE]), {})):
+    for gpu in gpus:
+        if gpu.cluster_id not in cluster_names:
             continue
-        used = min(gpu[_USED], FULL_GPU_SLICES)
-        if state and not cell_in_state(used, gpu[_FLAGS], state):
+        if (filters.model and gpu.model != filters.model) or (filters.pool and gpu.pool != filters.pool):
             continue
-        rkey = row_key(cluster, gpu[_NODE])
-        row = rows.get(rkey)
-        if row is None:
-            row = rows[rkey] = [cluster, gpu[_NODE], gpu[_MODEL], gpu[_POOL], []]
-        row[4].append([gpu[_INDEX], used, gpu[_FLAGS], _layout(gpu), len(gpu[_CLAIMS])])
-    for row in rows.values():
-        _number_cells(row[4])
+        if filters.label and not filters.matches_labels(labels.get((gpu.cluster_id, gpu.node), {})):
+            continue
+        if state and not cell_in_state(min(gpu.used, FULL_GPU_SLICES), gpu.flags, state):
+            continue
+        members = by_row.get((gpu.cluster_id, gpu.node))
+        if members is None:
+            by_row[(gpu.cluster_id, gpu.node)] = [gpu]
+        else:
+            members.append(gpu)
+    rows: Rows = {}
+    for (cid, node), members in by_row.items():
+        cluster = cluster_names[cid]
+        if len(members) > 1:
+            members.sort(key=lambda g: (g.minor is None, g.minor or 0, g.uuid))
+        first = members[0]
+        cells = [[g.minor, min(g.used, FULL_GPU_SLICES), g.flags, g.layout, g.claims] for g in members]
+        _number_cells(cells)
+        rows[row_key(cluster, node)] = [cluster, node, first.model, first.pool, cells]
     return rows
+
+
+def build_rows(
+    devices: Iterable[Mapping[str, Any]],
+    allocated: set[DeviceKey],
+    counter_sets: CounterSets,
+    holders: Mapping[DeviceKey, list[Holder]],
+    cluster_names: Mapping[int, str],
+    labels: Mapping[tuple[int, str], Mapping[str, str]],
+    filters: FleetFilter,
+) -> Rows:
+    """Rows of the heatmap for GPU/MIG device dicts (the fields of ``selectors.HEATMAP_FIELDS``).
+
+    Precondition: ``devices`` are current (highest pool generation).
+    """
+    return rows_of(gpu_records(devices, allocated, counter_sets, holders), cluster_names, labels, filters)
 
 
 def cell_in_state(used: int, flags: int, state: str) -> bool:
@@ -142,17 +253,6 @@ def cell_in_state(used: int, flags: int, state: str) -> bool:
     if state == "tainted":
         return bool(flags & TAINTED)
     return bool(flags & UNAVAILABLE)
-
-
-def _layout(gpu: list[Any]) -> str:
-    """ "" for a whole GPU; the static MIG profiles, largest first; "dynamic" and its allocated partitions."""
-    profiles = gpu[_PROFILES]
-    if not profiles:
-        return ""
-    if gpu[_DYNAMIC]:
-        taken = sorted((p for p in profiles if p[2]), key=lambda p: (-p[0], p[1]))
-        return "dynamic" + "".join(f" {p[1]}" for p in taken)
-    return " ".join(p[1] for p in sorted(profiles, key=lambda p: (-p[0], p[1])))
 
 
 def _number_cells(cells: list[Cell]) -> None:

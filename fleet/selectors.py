@@ -14,10 +14,11 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
-from typing import Any
+from typing import Any, cast
 
 from django.apps import apps
-from django.db.models import BooleanField, ExpressionWrapper, Q, QuerySet
+from django.db import connection, transaction
+from django.db.models import BooleanField, Count, ExpressionWrapper, Max, Q, QuerySet
 
 from fleet.models import Device, ResourceSlice
 from fleet.normalize import FULL_GPU_SLICES
@@ -374,3 +375,293 @@ def stream_cursors(cluster_ids: Iterable[int] | None = None) -> list[Any]:
     if cluster_ids is not None:
         cursors = cursors.filter(cluster_id__in=list(cluster_ids))
     return list(cursors)
+
+
+# ------------------------------------------------------------------ heatmap per physical GPU (PostgreSQL)
+
+# One row per physical GPU, aggregated by PostgreSQL: 40,000 rows instead of the ~100,000 device dicts a
+# Python pass would build (which took seconds on the L fleet). The rules are those of ``heatmap.gpu_records``
+# (tested equal): current generation only, allocated = named by a claim's (non-adminAccess) allocation,
+# MIG profiles listed for static MIG and, for dynamic MIG, only the allocated partitions. Held claims are
+# returned as "namespace/name" lines; a GPU's claims are counted once however many of its devices they hold.
+_GPU_SQL = """
+WITH newest AS (
+  SELECT cluster_id, driver, pool, max(pool_generation) AS generation
+  FROM fleet_resourceslice WHERE cluster_id = ANY(%(clusters)s) {slice_pools}
+  GROUP BY cluster_id, driver, pool
+),
+held AS (
+  SELECT a.cluster_id, a.driver, a.pool, a.device_name,
+         bool_or(c.state = 'reserved') AS reserved, bool_or(c.state <> 'reserved') AS unreserved,
+         string_agg(c.namespace || '/' || c.name, E'\\n') AS claims
+  FROM claims_deviceallocation a
+  JOIN claims_resourceclaim c ON c.cluster_id = a.cluster_id AND c.uid = a.claim_uid
+  WHERE NOT a.admin_access AND a.cluster_id = ANY(%(clusters)s) {allocation_pools}
+  GROUP BY a.cluster_id, a.driver, a.pool, a.device_name
+)
+SELECT d.cluster_id, min(d.driver), min(d.pool), d.gpu_uuid,
+  min(coalesce(nullif(d.node_name, ''), d.pool)), min(d.model),
+  coalesce(max(d.gpu_minor) FILTER (WHERE d.kind = 'gpu'), min(d.gpu_minor)),
+  coalesce(sum(d.compute_slices) FILTER (WHERE h.claims IS NOT NULL), 0),
+  bool_or(d.tainted), coalesce(bool_or(h.reserved), false), coalesce(bool_or(h.unreserved), false),
+  bool_or(d.kind = 'mig' AND d.counters_consumed <> '[]'::jsonb),
+  bool_or(h.claims IS NOT NULL AND d.counters_consumed <> '[]'::jsonb),
+  string_agg(d.compute_slices || ' ' || d.mig_profile || ' ' || (h.claims IS NOT NULL)::int, E'\\n')
+    FILTER (WHERE d.kind = 'mig' AND (h.claims IS NOT NULL OR d.counters_consumed = '[]'::jsonb)),
+  string_agg(h.claims, E'\\n')
+FROM fleet_device d
+LEFT JOIN newest n ON n.cluster_id = d.cluster_id AND n.driver = d.driver AND n.pool = d.pool
+LEFT JOIN held h
+  ON h.cluster_id = d.cluster_id AND h.driver = d.driver AND h.pool = d.pool AND h.device_name = d.name
+WHERE d.kind IN ('gpu', 'mig') AND d.gpu_uuid <> '' AND d.cluster_id = ANY(%(clusters)s) {device_pools}
+  AND d.pool_generation >= coalesce(n.generation, d.pool_generation)
+GROUP BY d.cluster_id, d.gpu_uuid
+"""
+_IN_POOLS = (
+    "AND ({alias}cluster_id, {alias}driver, {alias}pool) IN "
+    "(SELECT * FROM unnest(%(pool_clusters)s::bigint[], %(pool_drivers)s::text[], %(pool_names)s::text[]))"
+)
+
+# A physical GPU as aggregated: cluster id, driver, pool, gpu uuid, node (or pool), model, index, allocated
+# compute slices (uncapped), tainted, reserved, unreserved, dynamic MIG, an allocated device consumes
+# counters, MIG profiles ("slices profile allocated" lines), held claims ("namespace/name" lines).
+GpuRow = tuple[
+    int, str, str, str, str, str, int | None, int, bool, bool, bool, bool, bool, str | None, str | None
+]
+
+
+def heatmap_gpu_rows(cluster_ids: Iterable[int], pools: Iterable[PoolKey] | None = None) -> list[GpuRow]:
+    """One aggregated row per physical GPU of the clusters (limited to ``pools`` when given); one query.
+
+    Precondition: the database is PostgreSQL (string_agg, bool_or, FILTER); other databases build the same
+    records in Python from :func:`heatmap_devices`."""
+    params: dict[str, Any] = {"clusters": list(cluster_ids)}
+    where = {"slice_pools": "", "allocation_pools": "", "device_pools": ""}
+    if pools is not None:
+        keys = sorted(set(pools))
+        params |= {
+            "pool_clusters": [k[0] for k in keys],
+            "pool_drivers": [k[1] for k in keys],
+            "pool_names": [k[2] for k in keys],
+        }
+        where = {
+            "slice_pools": _IN_POOLS.format(alias=""),
+            "allocation_pools": _IN_POOLS.format(alias="a."),
+            "device_pools": _IN_POOLS.format(alias="d."),
+        }
+    # The whole fleet's aggregate wants more than the default 4 MB of sort/hash memory, and parallel
+    # workers would each recompute the CTEs on small hosts: both settings end with this atomic block.
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET LOCAL work_mem = '64MB'")
+        cursor.execute("SET LOCAL max_parallel_workers_per_gather = 0")
+        cursor.execute(_GPU_SQL.format(**where), params)
+        return cursor.fetchall()
+
+
+_MICROS = "(extract(epoch FROM max({column})) * 1000000)::bigint"
+_CLUSTER_VERSIONS_SQL = f"""
+SELECT cluster_id, 's', count(*), {_MICROS.format(column="synced_at")} FROM fleet_resourceslice
+WHERE cluster_id = ANY(%(clusters)s) GROUP BY cluster_id
+UNION ALL
+SELECT cluster_id, 'c', count(*), {_MICROS.format(column="synced_at")} FROM claims_resourceclaim
+WHERE cluster_id = ANY(%(clusters)s) GROUP BY cluster_id
+UNION ALL
+SELECT cluster_id, 'a', count(*), 0 FROM claims_deviceallocation
+WHERE cluster_id = ANY(%(clusters)s) GROUP BY cluster_id
+"""
+_POOL_VERSIONS_SQL = f"""
+SELECT s.cluster_id, s.driver, s.pool, s.n, s.t, coalesce(a.n, 0), coalesce(a.t, 0)
+FROM (
+  SELECT cluster_id, driver, pool, count(*) AS n, {_MICROS.format(column="synced_at")} AS t
+  FROM fleet_resourceslice WHERE cluster_id = ANY(%(clusters)s) GROUP BY cluster_id, driver, pool
+) s LEFT JOIN (
+  SELECT a.cluster_id, a.driver, a.pool, count(*) AS n, {_MICROS.format(column="c.synced_at")} AS t
+  FROM claims_deviceallocation a
+  JOIN claims_resourceclaim c ON c.cluster_id = a.cluster_id AND c.uid = a.claim_uid
+  WHERE NOT a.admin_access AND a.cluster_id = ANY(%(clusters)s) GROUP BY a.cluster_id, a.driver, a.pool
+) a ON a.cluster_id = s.cluster_id AND a.driver = s.driver AND a.pool = s.pool
+"""
+
+
+def cluster_versions(cluster_ids: Iterable[int]) -> dict[int, tuple[int, ...]]:
+    """Per cluster, a value that changes whenever ingest writes or deletes a slice (and so its devices)
+    or a claim (and so its allocations): counts and the latest ``synced_at`` (ingest stamps every row it
+    writes with the time of the write, so a write moves the maximum; a delete changes a count). One query
+    of three small aggregates: the cheap check before :func:`pool_versions`.
+
+    Precondition: PostgreSQL (like :func:`heatmap_gpu_rows`)."""
+    out: dict[int, list[int]] = defaultdict(lambda: [0] * 6)
+    with connection.cursor() as cursor:
+        cursor.execute(_CLUSTER_VERSIONS_SQL, {"clusters": list(cluster_ids)})
+        for cid, table, n, t in cursor.fetchall():
+            i = "sca".index(table) * 2
+            out[cid][i : i + 2] = [n, t or 0]
+    return {cid: tuple(v) for cid, v in out.items()}
+
+
+def pool_versions(cluster_ids: Iterable[int]) -> dict[PoolKey, tuple[int, ...]]:
+    """Per pool, what :func:`cluster_versions` is per cluster: slice and allocation counts and the latest
+    write of a slice or of a claim allocated in it. One query (a pool without slices has no devices to
+    show, so pools are those of the slices).
+
+    Precondition: PostgreSQL."""
+    with connection.cursor() as cursor:
+        cursor.execute(_POOL_VERSIONS_SQL, {"clusters": list(cluster_ids)})
+        return {(cid, driver, pool): tuple(v) for cid, driver, pool, *v in cursor.fetchall()}
+
+
+def node_versions(cluster_ids: Iterable[int]) -> dict[int, tuple[Any, ...]]:
+    """Per cluster, a value that changes when a node is written or deleted (labels for the label filter)."""
+    from fleet.models import Node
+
+    rows = (
+        Node.objects.filter(cluster_id__in=list(cluster_ids))
+        .values_list("cluster_id")
+        .annotate(n=Count("id"), t=Max("synced_at"))
+        .order_by()
+    )
+    return {cid: (n, t) for cid, n, t in rows}
+
+
+def counter_devices(
+    cluster_ids: Iterable[int], pools: Iterable[PoolKey]
+) -> tuple[list[dict[str, Any]], CounterSets]:
+    """Current GPU/MIG devices of ``pools`` that consume counters, with their ``counters_consumed`` and
+    physical GPU, and the pools' counter sets: what the dynamic-MIG blocked-partition rule reads. Two
+    queries."""
+    keys = set(pools)
+    names = sorted({k[2] for k in keys})
+    ids = list(cluster_ids)
+    newest, counter_sets = newest_generations(
+        ResourceSlice.objects.filter(cluster_id__in=ids, pool__in=names)
+    )
+    rows = (
+        Device.objects.filter(cluster_id__in=ids, pool__in=names, kind__in=("gpu", "mig"))
+        .exclude(counters_consumed=[])
+        .values("cluster_id", "driver", "pool", "name", "gpu_uuid", "pool_generation", "counters_consumed")
+    )
+    devices = [
+        d
+        for d in _of_newest(cast(Iterable[dict[str, Any]], rows), newest)
+        if (d["cluster_id"], d["driver"], d["pool"]) in keys
+    ]
+    return devices, {k: v for k, v in counter_sets.items() if k in keys}
+
+
+# The dynamic-MIG rule of :func:`unavailable_devices` (as :func:`fleet.heatmap.blocked_devices` narrows
+# it: only devices sharing a counter set with an allocated device), evaluated by PostgreSQL over the
+# counters' JSON, which Python took seconds to decode for the L fleet's 40,000 partitions. Quantities are
+# parsed by Python (``_parse_counter``, the exact Kubernetes rules) and passed in as a table: a first
+# run returns the amounts it has no value for, a second run the GPUs with a blocked partition. Capacity:
+# the pool's newest-generation sharedCounters (should two slices define one set, its larger value).
+_JSON_AMOUNT = (
+    "CASE WHEN jsonb_typeof({v}) = 'object' THEN coalesce({v} ->> 'value', '0') "
+    "ELSE {v} #>> ARRAY[]::text[] END"
+)
+_JSON_COUNTERS = (
+    "CASE WHEN jsonb_typeof({c} -> 'counters') = 'object' THEN {c} -> 'counters' "
+    "ELSE jsonb_build_object() END"
+)
+_BLOCKED_SQL = f"""
+WITH newest AS (
+  SELECT cluster_id, driver, pool, max(pool_generation) AS generation
+  FROM fleet_resourceslice WHERE cluster_id = ANY(%(clusters)s) {{slice_pools}}
+  GROUP BY cluster_id, driver, pool
+),
+alloc AS (
+  SELECT DISTINCT a.cluster_id, a.driver, a.pool, a.device_name
+  FROM claims_deviceallocation a
+  JOIN claims_resourceclaim c ON c.cluster_id = a.cluster_id AND c.uid = a.claim_uid
+  WHERE NOT a.admin_access AND a.cluster_id = ANY(%(clusters)s) {{allocation_pools}}
+),
+amounts AS MATERIALIZED (
+  SELECT d.cluster_id, d.driver, d.pool, d.name, d.gpu_uuid, al.device_name IS NOT NULL AS allocated,
+         coalesce(c.value ->> 'counterSet', 'None') AS counter_set, k.key AS counter,
+         {_JSON_AMOUNT.format(v="k.value")} AS amount
+  FROM fleet_device d
+  LEFT JOIN newest n ON n.cluster_id = d.cluster_id AND n.driver = d.driver AND n.pool = d.pool
+  LEFT JOIN alloc al
+    ON al.cluster_id = d.cluster_id AND al.driver = d.driver AND al.pool = d.pool AND al.device_name = d.name
+  CROSS JOIN LATERAL jsonb_array_elements(d.counters_consumed) c
+  CROSS JOIN LATERAL jsonb_each({_JSON_COUNTERS.format(c="c.value")}) k
+  WHERE d.kind IN ('gpu', 'mig') AND d.counters_consumed <> '[]'::jsonb AND d.cluster_id = ANY(%(clusters)s)
+    {{device_pools}} AND d.pool_generation >= coalesce(n.generation, d.pool_generation)
+),
+capacity AS MATERIALIZED (
+  SELECT s.cluster_id, s.driver, s.pool, coalesce(cs.value ->> 'name', 'None') AS counter_set,
+         k.key AS counter, {_JSON_AMOUNT.format(v="k.value")} AS amount
+  FROM fleet_resourceslice s
+  JOIN newest n ON n.cluster_id = s.cluster_id AND n.driver = s.driver AND n.pool = s.pool
+    AND s.pool_generation = n.generation
+  CROSS JOIN LATERAL jsonb_array_elements(s.shared_counters) cs
+  CROSS JOIN LATERAL jsonb_each({_JSON_COUNTERS.format(c="cs.value")}) k
+),
+known AS (SELECT * FROM unnest(%(texts)s::text[], %(values)s::numeric[]) AS v(amount, value)),
+touched AS (SELECT DISTINCT cluster_id, driver, pool, counter_set FROM amounts WHERE allocated),
+used AS (
+  SELECT a.cluster_id, a.driver, a.pool, a.counter_set, a.counter, sum(v.value) AS used
+  FROM amounts a JOIN known v USING (amount) WHERE a.allocated
+  GROUP BY a.cluster_id, a.driver, a.pool, a.counter_set, a.counter
+),
+caps AS (
+  SELECT c.cluster_id, c.driver, c.pool, c.counter_set, c.counter, max(v.value) AS capacity
+  FROM capacity c JOIN known v USING (amount)
+  GROUP BY c.cluster_id, c.driver, c.pool, c.counter_set, c.counter
+),
+candidates AS (
+  SELECT DISTINCT a.cluster_id, a.driver, a.pool, a.name
+  FROM amounts a JOIN touched USING (cluster_id, driver, pool, counter_set) WHERE NOT a.allocated
+)
+SELECT DISTINCT 'unknown', x.amount FROM (SELECT amount FROM amounts UNION SELECT amount FROM capacity) x
+WHERE NOT EXISTS (SELECT 1 FROM known v WHERE v.amount = x.amount)
+UNION ALL
+SELECT DISTINCT a.cluster_id::text, a.gpu_uuid
+FROM amounts a
+JOIN candidates USING (cluster_id, driver, pool, name)
+JOIN known v USING (amount)
+LEFT JOIN used u USING (cluster_id, driver, pool, counter_set, counter)
+LEFT JOIN caps c USING (cluster_id, driver, pool, counter_set, counter)
+WHERE coalesce(u.used, 0) + v.value > coalesce(c.capacity, 0)
+"""
+_counter_amounts: dict[str, int] = {}  # counter value text -> whole units, for every text seen so far
+
+
+def counter_blocked_gpus(cluster_ids: Iterable[int], pools: Iterable[PoolKey]) -> set[tuple[int, str]]:
+    """(cluster id, gpu uuid) of the GPUs of ``pools`` with a device blocked by the counters its
+    allocated siblings use (see ``_BLOCKED_SQL``). One query, two the first time new amounts appear.
+
+    Precondition: PostgreSQL."""
+    keys = sorted(set(pools))
+    if not keys:
+        return set()
+    params: dict[str, Any] = {
+        "clusters": list(cluster_ids),
+        "pool_clusters": [k[0] for k in keys],
+        "pool_drivers": [k[1] for k in keys],
+        "pool_names": [k[2] for k in keys],
+    }
+    sql = _BLOCKED_SQL.format(
+        slice_pools=_IN_POOLS.format(alias=""),
+        allocation_pools=_IN_POOLS.format(alias="a."),
+        device_pools=_IN_POOLS.format(alias="d."),
+    )
+    for _ in range(2):
+        texts = sorted(_counter_amounts)
+        params |= {"texts": texts, "values": [_counter_amounts[t] for t in texts]}
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("SET LOCAL work_mem = '64MB'")
+            cursor.execute("SET LOCAL max_parallel_workers_per_gather = 0")
+            # The planner cannot estimate rows expanded from JSON: it picks nested loops over hundreds of
+            # thousands of counter rows (minutes). Hash joins take well under a second; JIT only adds.
+            cursor.execute("SET LOCAL enable_nestloop = off")
+            cursor.execute("SET LOCAL jit = off")
+            cursor.execute(sql, params)
+            rows = cursor.fetchall()
+        unknown = [amount for kind, amount in rows if kind == "unknown"]
+        if not unknown:
+            return {(int(cid), uuid) for cid, uuid in rows}
+        if len(_counter_amounts) + len(unknown) > 100_000:  # bounded: amounts are few in practice
+            _counter_amounts.clear()
+        for amount in unknown:
+            _counter_amounts[amount] = _parse_counter(amount)
+    raise AssertionError("counter amounts still unknown after parsing them")  # unreachable

@@ -1,23 +1,46 @@
 /* The live GPU heatmap: a snapshot, then versioned deltas over /ws/fleet/ (see fleet/feed.py).
  * A row is [cluster, node, model, pool, cells]; a cell is [index, slices 0..7, flags, MIG layout, claims].
- * No build step: plain browser JavaScript, plotly.js from our static files. */
+ *
+ * Drawn on a canvas of our own, one block per GPU: a 40,000-GPU fleet is 40,000 fillRect calls (a few
+ * milliseconds), and a delta repaints only the blocks of the rows it carries. (A Plotly heatmap redrew the
+ * whole matrix for every delta: 180-370 ms.) Rows are nodes, sorted by cluster, model, pool and name, and
+ * grouped by cluster and model; when a group has more nodes than fit the height, its rows flow into
+ * several bands side by side (top to bottom, then the next band). No build step: plain browser JavaScript.
+ */
 "use strict";
 (function () {
   const TAINTED = 1, UNAVAILABLE = 2, RESERVED = 4, UNRESERVED = 8;
+  // Cividis (colour-blind safe, monotonic in lightness), sampled at 0/7 .. 7/7 allocated compute slices.
+  const CIVIDIS = [[0, 32, 76], [0, 42, 102], [0, 52, 110], [39, 63, 108], [60, 74, 107], [76, 85, 107],
+    [91, 95, 109], [104, 106, 112], [117, 117, 117], [131, 129, 120], [146, 140, 120], [161, 152, 118],
+    [176, 165, 114], [192, 177, 109], [209, 191, 102], [225, 204, 92], [243, 219, 79], [255, 233, 69]];
+  const COLORS = Array.from({ length: 8 }, (_, k) => cividis(k / 7));
+  const TAINT_COLOR = "#D55E00", LEAK_COLOR = "#CC79A7", EMPTY = "#eef1f6", INK = "#1d2330";
+  const SIZES = [24, 18, 14, 10, 8, 6, 5, 4, 3]; // candidate block sizes, largest first
+  const LABEL_MIN = 14; // blocks at least this tall get node names beside them
+  const HEADER = 18, GROUP_GAP = 8, BAND_GAP = 14, LABEL_WIDTH = 150;
+
   const cfg = JSON.parse(document.getElementById("heatmap-config").textContent);
   const plot = document.getElementById("heatmap");
+  const canvas = document.getElementById("heatmap-canvas");
+  const tip = document.getElementById("heatmap-tip");
   const live = document.getElementById("live");
   const card = document.getElementById("gpu-card");
   const summary = document.getElementById("heatmap-summary");
+  const ctx = canvas.getContext("2d", { alpha: false });
   const stats = (window.heatmapStats = { snapshots: 0, deltas: 0, resyncs: 0, renderMs: 0, deltaMs: 0, cells: 0, firstRenderAt: 0 });
   let rows = new Map();
   let version = 0;
-  let order = [];
-  let position = new Map(); // row key -> y position
-  let matrix = { z: [], custom: [] };
-  let revision = 0;
   let socket = null;
   let attempt = 0;
+  // Layout: groups [{top, lines, keys}], each row key's place, and the block geometry.
+  let view = { groups: [], place: new Map(), size: 0, gap: 0, labels: false, columns: 1, bandWidth: 0, width: 0, height: 0 };
+
+  function cividis(t) {
+    const x = t * (CIVIDIS.length - 1), i = Math.min(CIVIDIS.length - 2, Math.floor(x)), f = x - i;
+    const c = CIVIDIS[i].map((v, j) => Math.round(v + (CIVIDIS[i + 1][j] - v) * f));
+    return "rgb(" + c.join(",") + ")";
+  }
 
   function setStatus(state, detail) {
     live.className = "status " + state;
@@ -46,153 +69,274 @@
     return 0;
   }
 
-  function rowLine(row, columns) {
-    const z = new Array(columns).fill(null);
-    const custom = new Array(columns).fill(null);
-    for (const cell of row[4]) {
-      z[cell[0]] = cell[1] / 7;
-      custom[cell[0]] = [row[1], cell[0], row[2], cell[3] || "whole GPU", cell[1], cell[4], stateText(cell), row[0], row[3]];
-    }
-    return { z, custom };
-  }
-
   function columnCount() {
     let columns = 1;
     for (const row of rows.values()) for (const cell of row[4]) columns = Math.max(columns, cell[0] + 1);
     return columns;
   }
 
-  function rebuild() {
-    order = Array.from(rows.keys()).sort(compareRows);
-    position = new Map(order.map((key, i) => [key, i]));
-    const columns = columnCount();
-    matrix = { z: [], custom: [], columns };
+  // ------------------------------------------------------------------------------------------ layout
+
+  function groupRows(order) {
+    const groups = [];
     for (const key of order) {
-      const line = rowLine(rows.get(key), columns);
-      matrix.z.push(line.z);
-      matrix.custom.push(line.custom);
+      const row = rows.get(key), last = groups[groups.length - 1];
+      if (last && last.cluster === row[0] && last.model === row[2]) last.keys.push(key);
+      else groups.push({ cluster: row[0], model: row[2], keys: [key], top: 0, lines: 0 });
     }
+    return groups;
   }
 
-  function labels() {
-    const clusters = new Set(order.map((key) => rows.get(key)[0]));
-    return order.map((key) => (clusters.size > 1 ? key : rows.get(key)[1]));
-  }
-
-  function markers(y) {
-    const tainted = { x: [], y: [] }, leaked = { x: [], y: [] };
-    let gpus = 0, used = 0, taintedCount = 0;
-    order.forEach((key, r) => {
-      for (const cell of rows.get(key)[4]) {
-        gpus += 1;
-        used += cell[1];
-        if (cell[2] & TAINTED) { tainted.x.push(cell[0]); tainted.y.push(y[r]); taintedCount += 1; }
-        if (cell[2] & UNRESERVED) { leaked.x.push(cell[0]); leaked.y.push(y[r]); }
+  // The largest block size whose layout fits the target height (the smallest size scrolls instead).
+  function layout() {
+    const order = Array.from(rows.keys()).sort(compareRows);
+    const groups = groupRows(order);
+    const columns = columnCount();
+    const width = Math.max(320, plot.clientWidth - 14); // inside its padding
+    const target = Math.max(420, window.innerHeight - 160);
+    let chosen = null;
+    // Largest blocks first, then the fewest bands: a small fleet reads as one column of nodes.
+    search: for (const size of SIZES) {
+      const gap = size >= 8 ? 2 : 1;
+      const labels = size >= LABEL_MIN;
+      const bandWidth = (labels ? LABEL_WIDTH : 0) + columns * (size + gap) + BAND_GAP;
+      const most = Math.max(1, Math.floor((width + BAND_GAP) / bandWidth));
+      for (let bands = 1; bands <= most; bands++) {
+        let height = 0;
+        const tops = groups.map((g) => {
+          const top = height;
+          const lines = Math.ceil(g.keys.length / bands);
+          height += HEADER + lines * (size + gap) + GROUP_GAP;
+          return { top, lines };
+        });
+        chosen = { size, gap, labels, bandWidth, bands, height, tops };
+        if (height <= target) break search;
       }
+    }
+    const place = new Map();
+    groups.forEach((g, n) => {
+      g.top = chosen.tops[n].top;
+      g.lines = chosen.tops[n].lines;
+      g.keys.forEach((key, i) => {
+        const band = Math.floor(i / g.lines), line = i % g.lines;
+        place.set(key, { group: n, x: band * chosen.bandWidth + (chosen.labels ? LABEL_WIDTH : 0), y: g.top + HEADER + line * (chosen.size + chosen.gap) });
+      });
     });
-    stats.cells = gpus;
-    const pct = gpus ? Math.round((100 * used) / (7 * gpus)) : 0;
-    summary.textContent = gpus + " GPUs on " + order.length + " nodes · " + used + " of " + 7 * gpus +
-      " compute slices allocated (" + pct + "%) · " + taintedCount + " tainted";
-    return { tainted, leaked };
+    view = { groups, place, size: chosen.size, gap: chosen.gap, labels: chosen.labels, columns, bandWidth: chosen.bandWidth,
+      width, height: Math.max(chosen.height, 60), clusters: new Set(order.map((k) => rows.get(k)[0])).size };
   }
 
-  function groupShapes(y) {
-    const shapes = [], annotations = [];
-    let start = 0;
-    for (let r = 1; r <= order.length; r++) {
-      const prev = rows.get(order[r - 1]);
-      const next = r < order.length ? rows.get(order[r]) : null;
-      if (next && next[0] === prev[0] && next[2] === prev[2]) continue;
-      if (next) shapes.push({ type: "line", xref: "paper", x0: 0, x1: 1, yref: "y", y0: r - 0.5, y1: r - 0.5, line: { color: "#ffffff", width: 2 } });
-      annotations.push({ xref: "paper", x: 1.005, xanchor: "left", yref: "y", y: y[Math.floor((start + r - 1) / 2)],
-        text: prev[2] + (order.length > 1 ? " (" + (r - start) + ")" : ""), showarrow: false, font: { size: 12, color: "#1d2330" } });
-      start = r;
+  // ----------------------------------------------------------------------------------------- drawing
+
+  function drawCell(x, y, cell) {
+    const s = view.size;
+    const flags = cell[2];
+    ctx.fillStyle = flags & TAINTED && s < 8 ? TAINT_COLOR : COLORS[Math.max(0, Math.min(7, cell[1]))];
+    ctx.fillRect(x, y, s, s);
+    if (flags & UNRESERVED) {
+      ctx.strokeStyle = LEAK_COLOR;
+      if (s >= 8) {
+        ctx.lineWidth = 2;
+        ctx.beginPath();
+        ctx.arc(x + s / 2, y + s / 2, s / 2 - 2, 0, 2 * Math.PI);
+        ctx.stroke();
+      } else {
+        ctx.lineWidth = 1;
+        ctx.strokeRect(x + 0.5, y + 0.5, s - 1, s - 1);
+      }
     }
-    return { shapes, annotations };
+    if (flags & TAINTED && s >= 8) {
+      ctx.strokeStyle = TAINT_COLOR;
+      ctx.lineWidth = Math.max(2, s / 8);
+      ctx.beginPath();
+      ctx.moveTo(x + 2, y + 2); ctx.lineTo(x + s - 2, y + s - 2);
+      ctx.moveTo(x + s - 2, y + 2); ctx.lineTo(x + 2, y + s - 2);
+      ctx.stroke();
+    }
+  }
+
+  // One row's blocks (and its label): what a delta repaints.
+  function drawRow(key) {
+    const at = view.place.get(key), row = rows.get(key);
+    const step = view.size + view.gap;
+    ctx.fillStyle = "#ffffff";
+    ctx.fillRect(at.x, at.y, view.columns * step, view.size);
+    ctx.fillStyle = EMPTY;
+    for (let c = 0; c < view.columns; c++) ctx.fillRect(at.x + c * step, at.y, view.size, view.size);
+    for (const cell of row[4]) drawCell(at.x + cell[0] * step, at.y, cell);
+    if (view.labels) {
+      ctx.fillStyle = INK;
+      ctx.font = "12px system-ui, sans-serif";
+      ctx.textBaseline = "middle";
+      ctx.textAlign = "right";
+      ctx.fillText(row[1], at.x - 8, at.y + view.size / 2, LABEL_WIDTH - 12);
+    }
   }
 
   function draw() {
     const t0 = performance.now();
-    const y = labels();
-    const marks = markers(y);
-    const groups = groupShapes(y);
-    revision += 1;
-    const height = Math.max(300, Math.min(2400, order.length * 18 + 120));
-    const traces = [
-      {
-        type: "heatmap", z: matrix.z.slice(), customdata: matrix.custom.slice(), y: y,
-        x: Array.from({ length: matrix.columns }, (_, i) => i),
-        zmin: 0, zmax: 1, colorscale: "Cividis", xgap: 2, ygap: 2, hoverongaps: false,
-        colorbar: { title: { text: "allocated" }, tickvals: [0, 1 / 7, 2 / 7, 3 / 7, 4 / 7, 5 / 7, 6 / 7, 1],
-          ticktext: ["0/7", "1/7", "2/7", "3/7", "4/7", "5/7", "6/7", "7/7"], len: Math.min(1, 500 / height), y: 1, yanchor: "top", x: 1.15, xanchor: "left" },
-        hovertemplate: "<b>%{customdata[0]}</b> · GPU %{customdata[1]}<br>%{customdata[2]} · %{customdata[3]}<br>" +
-          "%{customdata[4]}/7 compute slices allocated · %{customdata[5]} claim(s)<br>%{customdata[6]}<extra>%{customdata[7]} · pool %{customdata[8]}</extra>",
-      },
-      { type: "scatter", mode: "markers", name: "tainted", x: marks.tainted.x, y: marks.tainted.y, hoverinfo: "skip",
-        marker: { symbol: "x-thin", size: 11, line: { width: 3, color: "#D55E00" } } },
-      { type: "scatter", mode: "markers", name: "allocated, no consumer", x: marks.leaked.x, y: marks.leaked.y, hoverinfo: "skip",
-        marker: { symbol: "circle-open", size: 10, color: "#CC79A7", line: { width: 2.5, color: "#CC79A7" } } },
-    ];
-    const layout = {
-      datarevision: revision, height: height, showlegend: false, uirevision: "keep",
-      margin: { l: 150, r: 190, t: 40, b: 20 }, paper_bgcolor: "#ffffff", plot_bgcolor: "#eef1f6",
-      // Explicit ranges: marker traces would otherwise pad the category axes.
-      xaxis: { title: { text: "GPU index" }, side: "top", dtick: 1, range: [-0.5, matrix.columns - 0.5] },
-      yaxis: { type: "category", range: [order.length - 0.5, -0.5], automargin: true },
-      shapes: groups.shapes, annotations: groups.annotations,
-    };
-    return Plotly.react(plot, traces, layout, { displaylogo: false, responsive: true }).then(() => performance.now() - t0);
+    layout();
+    const ratio = window.devicePixelRatio || 1;
+    canvas.width = Math.round(view.width * ratio);
+    canvas.height = Math.round(view.height * ratio);
+    canvas.style.width = view.width + "px";
+    canvas.style.height = view.height + "px";
+    ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
+    ctx.fillStyle = "#ffffff";
+    ctx.fillRect(0, 0, view.width, view.height);
+    ctx.font = "bold 12px system-ui, sans-serif";
+    ctx.textBaseline = "middle";
+    ctx.textAlign = "left";
+    for (const g of view.groups) {
+      ctx.fillStyle = INK;
+      const name = (view.clusters > 1 ? g.cluster + " · " : "") + g.model;
+      ctx.fillText(name + " · " + g.keys.length + (g.keys.length === 1 ? " node" : " nodes"), 0, g.top + HEADER / 2);
+    }
+    for (const key of view.place.keys()) drawRow(key);
+    updateSummary();
+    plot.dataset.cells = String(stats.cells);
+    return performance.now() - t0;
   }
 
-  function applyDelta(message) {
-    let reshaped = false;
-    for (const key of message.removed) {
-      if (rows.delete(key)) reshaped = true;
+  function updateSummary() {
+    let gpus = 0, used = 0, tainted = 0;
+    for (const row of rows.values()) {
+      for (const cell of row[4]) {
+        gpus += 1;
+        used += cell[1];
+        if (cell[2] & TAINTED) tainted += 1;
+      }
     }
+    stats.cells = gpus;
+    const pct = gpus ? Math.round((100 * used) / (7 * gpus)) : 0;
+    summary.textContent = gpus + " GPUs on " + rows.size + " nodes · " + used + " of " + 7 * gpus +
+      " compute slices allocated (" + pct + "%) · " + tainted + " tainted";
+  }
+
+  // A delta that keeps every row in its place repaints its rows only; otherwise lay out and draw again.
+  function applyDelta(message) {
+    let relayout = message.removed.length > 0;
     const changed = [];
     for (const [key, row] of Object.entries(message.rows)) {
-      if (!rows.has(key)) reshaped = true;
+      const old = rows.get(key);
+      if (!old || old[0] !== row[0] || old[2] !== row[2] || old[3] !== row[3]) relayout = true;
+      for (const cell of row[4]) if (cell[0] >= view.columns) relayout = true;
       rows.set(key, row);
       changed.push(key);
     }
-    if (reshaped || columnCount() !== matrix.columns) {
-      rebuild();
-      return true;
-    }
-    for (const key of changed) {
-      const r = position.get(key);
-      const line = rowLine(rows.get(key), matrix.columns);
-      matrix.z[r] = line.z;
-      matrix.custom[r] = line.custom;
-    }
-    return false;
+    for (const key of message.removed) rows.delete(key);
+    if (relayout || columnCount() !== view.columns) return draw();
+    const t0 = performance.now();
+    const ratio = window.devicePixelRatio || 1;
+    ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
+    for (const key of changed) drawRow(key);
+    updateSummary();
+    plot.dataset.cells = String(stats.cells);
+    return performance.now() - t0;
   }
 
-  // Same rows and columns: only the values and the markers change, not the axes, groups or layout.
-  function restyle() {
-    const marks = markers(labels());
-    return Plotly.restyle(plot, {
-      z: [matrix.z.slice(), undefined, undefined], customdata: [matrix.custom.slice(), undefined, undefined],
-      x: [undefined, marks.tainted.x, marks.leaked.x], y: [undefined, marks.tainted.y, marks.leaked.y],
-    }, [0, 1, 2]);
+  // ------------------------------------------------------------------------------ hover and click
+
+  // The row key and cell under a point of the canvas (CSS pixels), or null.
+  function hit(x, y) {
+    const step = view.size + view.gap;
+    for (const g of view.groups) {
+      const top = g.top + HEADER;
+      if (y < top || y >= top + g.lines * step) continue;
+      const line = Math.floor((y - top) / step);
+      if (y - top - line * step >= view.size) return null; // in the gap
+      const band = Math.floor(x / view.bandWidth);
+      const bx = x - band * view.bandWidth - (view.labels ? LABEL_WIDTH : 0);
+      const column = Math.floor(bx / step);
+      if (bx < 0 || column >= view.columns || bx - column * step >= view.size) return null;
+      const key = g.keys[band * g.lines + line];
+      if (key === undefined) return null;
+      const cell = rows.get(key)[4].find((c) => c[0] === column);
+      return cell ? { key, row: rows.get(key), cell } : null;
+    }
+    return null;
+  }
+
+  // For tests and scripts: the page coordinates of a GPU's block centre, or null.
+  window.heatmapCellCenter = function (key, index) {
+    const at = view.place.get(key);
+    if (!at) return null;
+    const box = canvas.getBoundingClientRect(), step = view.size + view.gap;
+    return { x: box.left + at.x + index * step + view.size / 2, y: box.top + at.y + view.size / 2 };
+  };
+
+  window.heatmapRows = () => Object.fromEntries(rows); // the rows the page holds (tests, debugging)
+
+  function gpuUrl(row, cell, suffix) {
+    return cfg.base + "c/" + encodeURIComponent(row[0]) + "/nodes/" + encodeURIComponent(row[1]) + "/gpus/" + cell[0] + "/" + suffix;
+  }
+
+  function pointAt(event) {
+    const box = canvas.getBoundingClientRect();
+    return hit(event.clientX - box.left, event.clientY - box.top);
+  }
+
+  let hoverTimer = 0, hoverUrl = "";
+  function onMove(event) {
+    const point = pointAt(event);
+    if (!point) {
+      tip.hidden = true;
+      canvas.style.cursor = "default";
+      return;
+    }
+    const { row, cell } = point;
+    canvas.style.cursor = "pointer";
+    tip.replaceChildren();
+    const head = document.createElement("strong");
+    head.textContent = row[1] + " · GPU " + cell[0];
+    const lines = [row[2] + " · " + (cell[3] || "whole GPU"),
+      cell[1] + "/7 compute slices allocated · " + cell[4] + " claim(s)", stateText(cell), row[0] + " · pool " + row[3]];
+    tip.append(head);
+    for (const text of lines) {
+      const div = document.createElement("div");
+      div.textContent = text;
+      tip.append(div);
+    }
+    tip.hidden = false;
+    const wrap = plot.getBoundingClientRect();
+    tip.style.left = Math.min(event.clientX - wrap.left + 14, wrap.width - 260) + "px";
+    tip.style.top = event.clientY - wrap.top + 14 + "px";
+    const url = gpuUrl(row, cell, "card/");
+    if (url === hoverUrl) return;
+    hoverUrl = url;
+    window.clearTimeout(hoverTimer);
+    hoverTimer = window.setTimeout(() => {
+      fetch(url, { credentials: "same-origin" })
+        .then((response) => (response.ok ? response.text() : Promise.reject(response.status)))
+        .then((html) => { if (url === hoverUrl) card.innerHTML = html; })
+        .catch(() => { card.textContent = "GPU details unavailable"; });
+    }, 120);
+  }
+
+  function onClick(event) {
+    const point = pointAt(event);
+    if (point) window.location.assign(gpuUrl(point.row, point.cell, ""));
+  }
+
+  // --------------------------------------------------------------------------------------- the feed
+
+  function rendered() {
+    setStatus("live", "v" + version);
+    plot.dataset.rendered = String(version);
   }
 
   function onMessage(event) {
+    const t0 = performance.now();
     const message = JSON.parse(event.data);
     if (message.type === "snapshot") {
       rows = new Map(Object.entries(message.rows));
       version = message.version;
       attempt = 0;
       stats.snapshots += 1;
-      const t0 = performance.now();
-      rebuild();
-      draw().then((ms) => {
-        stats.renderMs = performance.now() - t0;
-        if (!stats.firstRenderAt) stats.firstRenderAt = performance.now(); // ms since navigation start
-        setStatus("live", "v" + version);
-        plot.dataset.rendered = String(version);
-      });
+      draw();
+      stats.renderMs = performance.now() - t0;
+      if (!stats.firstRenderAt) stats.firstRenderAt = performance.now(); // ms since navigation start
+      rendered();
     } else if (message.type === "delta") {
       if (message.version !== version + 1) {
         // A gap: some delta was lost; ask for a fresh snapshot.
@@ -202,13 +346,9 @@
       }
       version = message.version;
       stats.deltas += 1;
-      const t0 = performance.now();
-      const redraw = applyDelta(message) ? draw() : restyle();
-      redraw.then(() => {
-        stats.deltaMs = performance.now() - t0;
-        setStatus("live", "v" + version);
-        plot.dataset.rendered = String(version);
-      });
+      applyDelta(message);
+      stats.deltaMs = performance.now() - t0; // parse + apply + repaint
+      rendered();
     } else if (message.type === "error") {
       setStatus("error", message.message);
     }
@@ -229,35 +369,26 @@
     };
   }
 
-  function gpuUrl(point, suffix) {
-    const c = point.customdata;
-    return cfg.base + "c/" + encodeURIComponent(c[7]) + "/nodes/" + encodeURIComponent(c[0]) + "/gpus/" + c[1] + "/" + suffix;
+  function legend() {
+    const scale = document.getElementById("heatmap-scale");
+    COLORS.forEach((color, k) => {
+      const step = document.createElement("span");
+      step.className = "step";
+      step.style.background = color;
+      step.style.color = k >= 5 ? INK : "#ffffff";
+      step.textContent = k + "/7";
+      scale.append(step);
+    });
   }
 
-  let hoverTimer = 0, hoverUrl = "";
-  function onHover(event) {
-    const point = event.points && event.points[0];
-    if (!point || !point.customdata) return;
-    const url = gpuUrl(point, "card/");
-    if (url === hoverUrl) return;
-    hoverUrl = url;
-    window.clearTimeout(hoverTimer);
-    hoverTimer = window.setTimeout(() => {
-      fetch(url, { credentials: "same-origin" })
-        .then((response) => (response.ok ? response.text() : Promise.reject(response.status)))
-        .then((html) => { if (url === hoverUrl) card.innerHTML = html; })
-        .catch(() => { card.textContent = "GPU details unavailable"; });
-    }, 120);
-  }
-
-  function onClick(event) {
-    const point = event.points && event.points[0];
-    if (point && point.customdata) window.location.assign(gpuUrl(point, ""));
-  }
-
-  Plotly.newPlot(plot, [], { height: 300, margin: { t: 20 } }, { displaylogo: false, responsive: true }).then(() => {
-    plot.on("plotly_hover", onHover);
-    plot.on("plotly_click", onClick);
-    connect();
+  let resizeTimer = 0;
+  window.addEventListener("resize", () => {
+    window.clearTimeout(resizeTimer);
+    resizeTimer = window.setTimeout(() => { if (rows.size) draw(); }, 150);
   });
+  canvas.addEventListener("mousemove", onMove);
+  canvas.addEventListener("mouseleave", () => { tip.hidden = true; });
+  canvas.addEventListener("click", onClick);
+  legend();
+  connect();
 })();

@@ -59,8 +59,42 @@ def open_heatmap(page, server, query=""):
 
 
 def cells_drawn(page) -> int:
+    """GPU blocks painted on the canvas: counted from its pixels, not from the page's own bookkeeping."""
     return page.evaluate(
-        "document.getElementById('heatmap').data[0].z.flat().filter((v) => v !== null).length"
+        """() => {
+          const canvas = document.getElementById('heatmap-canvas');
+          const data = canvas.getContext('2d').getImageData(0, 0, canvas.width, canvas.height).data;
+          const seen = new Set();
+          for (const key of Object.keys(window.heatmapRows())) {
+            const row = window.heatmapRows()[key];
+            for (const cell of row[4]) {
+              const p = window.heatmapCellCenter(key, cell[0]);
+              const box = canvas.getBoundingClientRect();
+              const ratio = window.devicePixelRatio || 1;
+              const x = Math.round((p.x - box.left) * ratio), y = Math.round((p.y - box.top) * ratio);
+              const i = (y * canvas.width + x) * 4;
+              // An empty slot is #eef1f6 and the background white: a GPU block is neither.
+              const rgb = [data[i], data[i + 1], data[i + 2]].join(',');
+              if (rgb !== '238,241,246' && rgb !== '255,255,255') seen.add(key + '#' + cell[0]);
+            }
+          }
+          return seen.size;
+        }"""
+    )
+
+
+def block_colour(page, key: str, index: int) -> str:
+    """The painted colour at the centre of one GPU's block, as "r,g,b"."""
+    return page.evaluate(
+        """([key, index]) => {
+          const canvas = document.getElementById('heatmap-canvas');
+          const p = window.heatmapCellCenter(key, index), box = canvas.getBoundingClientRect();
+          const ratio = window.devicePixelRatio || 1;
+          const d = canvas.getContext('2d').getImageData(
+            Math.round((p.x - box.left) * ratio), Math.round((p.y - box.top) * ratio), 1, 1).data;
+          return [d[0], d[1], d[2]].join(',');
+        }""",
+        [key, index],
     )
 
 
@@ -94,12 +128,22 @@ def test_the_heatmap_has_one_cell_per_gpu_and_shows_an_ingested_change_without_r
     screenshot(page, "heatmap-fixture")
     page.evaluate("window.notReloaded = true")
 
-    def free_a_claim():
-        editor = FleetEditor()
-        editor.deallocate(editor.allocated_claims()[0])
+    editor = FleetEditor()
+    claim = next(
+        c
+        for c in editor.allocated_claims()
+        if all("mig" not in r["device"] for r in c["status"]["allocation"]["devices"]["results"])
+    )
+    held = claim["status"]["allocation"]["devices"]["results"][0]  # NVIDIA pools are named after nodes
+    key, index = f"fixtures/{held['pool']}", int(held["device"].rsplit("-", 1)[1])
+    before = block_colour(page, key, index)
 
-    in_thread(free_a_claim)
+    in_thread(lambda: FleetEditor().deallocate(claim))
     page.wait_for_selector("#heatmap[data-rendered='2']", timeout=LIVE_UPDATE_DEADLINE_MS)
+    # Only the delta's rows were repainted: the freed GPU's block now has the 0/7 colour.
+    assert block_colour(page, key, index) != before
+    assert block_colour(page, key, index) == "0,32,76"
+    assert cells_drawn(page) == FIXTURE_GPUS
     allocated = heatmap.summary(feed.load_rows(FleetFilter()))["compute_slices_allocated"]
     assert allocated < 118
     assert f"{allocated} of 336 compute slices allocated" in page.inner_text("#heatmap-summary")
@@ -119,16 +163,17 @@ def test_filters_hover_and_click_through_to_the_gpu(server, fixture_fleet, page)
     page.wait_for_selector("#heatmap[data-rendered]")
     assert cells_drawn(page) == 16  # two H100 nodes of 8 GPUs
 
-    box = page.locator("#heatmap .nsewdrag").first.bounding_box()
-    row_height, col_width = box["height"] / 2, box["width"] / 8
-    # Rows are sorted by cluster, model, pool, node: h100-d1 first, then h100-m1.
-    page.mouse.move(box["x"] + col_width * 0.5, box["y"] + row_height * 1.5)
+    point = page.evaluate("window.heatmapCellCenter('fixtures/h100-m1', 0)")
+    page.mouse.move(point["x"], point["y"])
     page.wait_for_selector("#gpu-card .uuid")
     assert page.inner_text("#gpu-card h3") == "h100-m1 · GPU 0"
     assert page.inner_text("#gpu-card .uuid").startswith("GPU-")
+    tip = page.inner_text("#heatmap-tip")
+    assert "h100-m1 · GPU 0" in tip and "H100" in tip and "compute slices allocated" in tip
     screenshot(page, "heatmap-h100-hover")
 
-    page.mouse.click(box["x"] + col_width * 2.5, box["y"] + row_height * 0.5)
+    point = page.evaluate("window.heatmapCellCenter('fixtures/h100-d1', 2)")
+    page.mouse.click(point["x"], point["y"])
     page.wait_for_url("**/fleet/c/fixtures/nodes/h100-d1/gpus/2/")
     assert "GPU 2 on h100-d1" in page.inner_text("h1")
     assert page.console_errors == []

@@ -88,7 +88,9 @@ def test_snapshot_plus_deltas_equals_a_fresh_snapshot_after_random_ingest_batche
                 client["version"] = delta["version"]
     changed = 0
     for f, client in zip(feeds, clients, strict=True):
-        assert client["rows"] == feed.load_rows(f.filters), f.filters
+        # Against rows built from scratch: the shared cache must not agree with itself only.
+        assert client["rows"] == feed.rows_from_devices(f.filters), f.filters
+        assert feed.load_rows(f.filters) == client["rows"], f.filters
         changed += client["version"] > 1
     assert changed >= 5  # the sequence really moved most views
 
@@ -136,6 +138,19 @@ def test_events_of_other_clusters_or_irrelevant_kinds_send_nothing(fleet, events
     assert live.version == 1
 
 
+def test_a_change_rereads_only_the_pools_it_touched_and_connections_share_the_rows(fleet, editor):
+    first = feed.load_rows(FleetFilter())
+    assert feed.load_rows(FleetFilter()) is first  # nothing changed: the same rows, not rebuilt
+    reads = feed.CACHE.reads
+    slice_obj = editor.gpu_slices()[0]
+    editor.taint_devices(slice_obj, 2)
+    rows = feed.load_rows(FleetFilter())
+    assert feed.CACHE.reads == reads + 1  # the one pool whose slice was written
+    node = slice_obj["spec"]["nodeName"]
+    assert sum(bool(c[2] & heatmap.TAINTED) for c in rows[f"fixtures/{node}"][4]) >= 2
+    assert rows == feed.rows_from_devices(FleetFilter())
+
+
 def test_snapshot_rows_have_one_cell_per_physical_gpu(fleet):
     rows = feed.load_rows(FleetFilter())
     assert heatmap.summary(rows)["gpus"] == FIXTURE_GPUS
@@ -143,13 +158,31 @@ def test_snapshot_rows_have_one_cell_per_physical_gpu(fleet):
     assert len(indexes) == FIXTURE_GPUS
 
 
-def test_rows_read_without_every_counter_equal_rows_built_from_all_counters(fleet):
-    """load_rows skips the counters of pools with no allocated partition; the cells must not change."""
+def test_rows_aggregated_per_gpu_in_sql_equal_rows_built_from_every_device(fleet):
+    """load_rows aggregates per GPU in PostgreSQL and applies the counter rule to pools holding an
+    allocated partition only; the cells must equal the Python reference over every device's counters."""
     names = dict(Cluster.objects.values_list("id", "name"))
     devices, counter_sets = selectors.heatmap_devices(list(names))  # counters_consumed of every device
     holders = selectors.allocation_holders(list(names))
     full = heatmap.build_rows(devices, set(holders), counter_sets, holders, names, {}, FleetFilter())
     assert feed.load_rows(FleetFilter()) == full
+    for f in FILTERS:
+        assert feed.load_rows(f) == feed.rows_from_devices(f), f
     flags = [cell[2] for row in full.values() for cell in row[4]]
     assert any(f & heatmap.UNAVAILABLE for f in flags)  # the dynamic-MIG rule is exercised
     assert any("dynamic" in cell[3] for row in full.values() for cell in row[4])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_warm_up_fills_the_cache_from_its_own_thread(fleet):
+    """What CLAIMSCOPE_WARM_HEATMAP starts in a web process: afterwards the first view reads nothing."""
+    import threading
+
+    thread = threading.Thread(target=feed.warm)
+    thread.start()
+    thread.join(60)
+    reads = feed.CACHE.reads
+    assert reads > 0  # the warm-up read the fleet's pools
+    rows = feed.load_rows(FleetFilter())
+    assert feed.CACHE.reads == reads  # ... so the first view found them cached
+    assert rows == feed.rows_from_devices(FleetFilter())
