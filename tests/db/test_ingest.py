@@ -1,13 +1,17 @@
 import copy
+import json
+import threading
 
 import pytest
-from django.db import connection
+from django.db import OperationalError, connection, transaction
+from django.db.models import JSONField
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
-from claims.models import DeviceAllocation, ResourceClaim
+from claims.models import ClaimLifecycle, DeviceAllocation, ResourceClaim
 from fleet import ingest
 from fleet.ingest import Change, CursorUpdate
-from fleet.models import Device, Node, ResourceSlice, WatchCursor
+from fleet.models import Cluster, Device, Node, ResourceSlice, WatchCursor
 from fleet.normalize import normalize
 from fleet.simulator import nvidia
 
@@ -238,3 +242,151 @@ def test_a_list_older_than_the_cursor_replaces_everything(cluster):
 
 def names_of(model):
     return sorted(model.objects.values_list("name", flat=True))
+
+
+def test_rows_are_prepared_as_djangos_fields_would_prepare_them(cluster):
+    (obj,) = nvidia.node_slices("n1", "H100", mode="static-mig", layout="balanced")
+    obj["metadata"]["resourceVersion"] = str(2**100)
+    slice_ = normalize("ResourceSlice", obj)
+    claim = claim_record("c", 7, devices=[("n1", "gpu-0")])
+    samples = [
+        (Node, [{**ingest._common_row(node("n1", 3)), **ingest.SPECS["Node"].row(node("n1", 3))}]),
+        (ResourceSlice, [{**ingest._common_row(slice_), **ingest.SPECS["ResourceSlice"].row(slice_)}]),
+        (Device, ingest.SPECS["ResourceSlice"].children[0].rows(slice_)),
+        (ResourceClaim, [{**ingest._common_row(claim), **ingest.SPECS["ResourceClaim"].row(claim)}]),
+        (DeviceAllocation, ingest.SPECS["ResourceClaim"].children[0].rows(claim)),
+    ]
+    for model, rows in samples:
+        for row in rows:
+            row.update(cluster_id=cluster.pk, synced_at=timezone.now())
+        names, values = ingest._prep(model, rows)
+        fields = [f for f in model._meta.concrete_fields if not f.primary_key]
+        assert names == [f.column for f in fields]
+        for row, prepared in zip(rows, values, strict=True):
+            for f, value in zip(fields, prepared, strict=True):
+                if isinstance(f, JSONField):  # JSON text, for COPY and ::jsonb
+                    assert json.loads(value) == row[f.attname], (model, f.name)
+                else:
+                    expected = f.get_db_prep_save(row[f.attname], connection)
+                    # Django wraps big integers in psycopg's Int8 (an int) for typed binding: same value.
+                    assert value == expected and isinstance(expected, type(value)), (model, f.name)
+
+
+def test_json_that_orjson_refuses_is_encoded_like_the_standard_library():
+    assert json.loads(ingest._json_text({"big": 2**70, "k": {1: "x"}})) == {"big": 2**70, "k": {"1": "x"}}
+
+
+def _mirrored(model, cluster):
+    skip = {"id", "cluster", "synced_at"}
+    names = [f.attname for f in model._meta.concrete_fields if f.name not in skip]
+    return sorted(model.objects.filter(cluster=cluster).values_list(*names))
+
+
+def test_an_initial_relist_writes_what_a_relist_over_stored_rows_writes():
+    slices = [slice_record(f"n{i}", 10 + i, gpus=3) for i in range(4)]
+    claims = [claim_record(f"c{i}", 20 + i, devices=[(f"n{i}", "gpu-1")]) for i in range(4)]
+    fresh, used = ingest.get_or_create_cluster("fresh"), ingest.get_or_create_cluster("used")
+    # "used" already holds an object the list no longer has: its relist takes the upsert path.
+    ingest.apply_batch(used, "ResourceSlice", upserts(slice_record("gone", 1)))
+    ingest.apply_batch(used, "ResourceClaim", upserts(claim_record("gone", 2, devices=[("gone", "gpu-0")])))
+    for cluster in (fresh, used):
+        for kind, records in (("ResourceSlice", slices), ("ResourceClaim", claims)):
+            result = ingest.replace_all(cluster, kind, records, list_resource_version=100)
+            assert sorted(result.written) == sorted(ingest.SPECS[kind].key_of(r) for r in records)
+    for model in (ResourceSlice, Device, ResourceClaim, DeviceAllocation):
+        assert _mirrored(model, fresh) == _mirrored(model, used), model
+
+
+def test_only_a_relist_into_tables_empty_for_its_cluster_takes_the_copy_path(cluster):
+    spec = ingest.SPECS["ResourceSlice"]
+    with transaction.atomic():
+        assert ingest._lock_if_fresh(cluster, "ResourceSlice", spec)
+    ingest.apply_batch(ingest.get_or_create_cluster("other"), "ResourceSlice", upserts(slice_record("n1", 1)))
+    with transaction.atomic():
+        assert ingest._lock_if_fresh(cluster, "ResourceSlice", spec)  # other clusters' rows do not count
+    ingest.apply_batch(cluster, "ResourceSlice", upserts(slice_record("n1", 1)))
+    with transaction.atomic():
+        assert not ingest._lock_if_fresh(cluster, "ResourceSlice", spec)
+
+
+def test_after_an_initial_relist_the_fence_and_the_children_work_as_usual(cluster):
+    ingest.replace_all(cluster, "ResourceSlice", [slice_record("n1", 10, gpus=4)], list_resource_version=10)
+    assert ingest.apply_batch(cluster, "ResourceSlice", upserts(slice_record("n1", 9, gpus=1))).stale == 1
+    assert Device.objects.filter(pool="n1").count() == 4
+    ingest.apply_batch(cluster, "ResourceSlice", upserts(slice_record("n1", 11, gpus=2, generation=2)))
+    assert sorted(Device.objects.values_list("name", flat=True)) == ["gpu-0", "gpu-1"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_initial_relist_holds_off_its_own_stream_only_until_it_commits():
+    first, second = ingest.get_or_create_cluster("first"), ingest.get_or_create_cluster("second")
+    locked, release = threading.Event(), threading.Event()
+
+    def initial_relist() -> None:
+        try:
+            with transaction.atomic():
+                assert ingest._lock_if_fresh(first, "Node", ingest.SPECS["Node"])
+                locked.set()
+                release.wait(10)
+        finally:
+            connection.close()
+
+    def batch_within(cluster: Cluster, timeout: str) -> list[tuple[str, ...]]:
+        with transaction.atomic():
+            with connection.cursor() as cur:
+                cur.execute(f"SET LOCAL lock_timeout = '{timeout}'")
+            return ingest.apply_batch(cluster, "Node", upserts(node("n1", 1))).written
+
+    thread = threading.Thread(target=initial_relist)
+    thread.start()
+    try:
+        assert locked.wait(10)
+        with pytest.raises(OperationalError, match="lock timeout"):
+            batch_within(first, "200ms")  # the same stream waits for the COPY to commit
+        assert batch_within(second, "5s") == [("n1",)]  # another cluster's stream does not
+        assert Node.objects.filter(cluster=first).count() == 0
+    finally:
+        release.set()
+        thread.join(10)
+    assert ingest.apply_batch(first, "Node", upserts(node("n1", 1))).written == [("n1",)]
+
+
+def test_a_relist_publishes_one_resync_event_with_counts(
+    cluster, monkeypatch, django_capture_on_commit_callbacks
+):
+    ingest.apply_batch(cluster, "Node", upserts(node("old", 1)))
+    sent: list[dict] = []
+    monkeypatch.setattr(ingest, "publish", sent.append)
+    with django_capture_on_commit_callbacks(execute=True):
+        ingest.replace_all(cluster, "Node", [node("n1", 2), node("n2", 3)], list_resource_version=10)
+    assert sent == [
+        {
+            "type": "fleet.change",
+            "cluster": "test",
+            "kind": "Node",
+            "resync": True,
+            "written_count": 2,
+            "deleted_count": 1,
+        }
+    ]
+
+
+@pytest.mark.parametrize("n", [3, ingest.COPY_ROWS + 10])  # statements, then COPY
+def test_write_rows_inserts_and_updates_on_its_conflict_key(cluster, n):
+    def lives(state):
+        return [
+            {"cluster_id": cluster.pk, "uid": f"u{i}", "namespace": "ml", "name": f"c{i}", "state": state,
+             "created_at": None, "first_pending_at": None, "allocated_at": None, "node": "n1",
+             "devices": [f"gpu.nvidia.com/n1/gpu-{i}"], "released_at": None, "deleted_at": None,
+             "updated_at": timezone.now()}
+            for i in range(n)
+        ]  # fmt: skip
+
+    with transaction.atomic():
+        ingest.write_rows(ClaimLifecycle, lives("pending"))
+    with transaction.atomic():
+        ingest.write_rows(ClaimLifecycle, lives("allocated")[: n - 1], conflict=("cluster_id", "uid"))
+    states = dict(ClaimLifecycle.objects.filter(cluster=cluster).values_list("uid", "state"))
+    assert len(states) == n and states[f"u{n - 1}"] == "pending"
+    assert set(states.values()) - {"pending"} == {"allocated"}
+    assert ClaimLifecycle.objects.get(cluster=cluster, uid="u1").devices == ["gpu.nvidia.com/n1/gpu-1"]
