@@ -9,6 +9,7 @@ from django.db.models import QuerySet
 from claims import api_filters, api_selectors
 from claims import api_serializers as rows
 from claims.models import Pod, SchedulingEvent
+from dashboard.visibility import redact_text, visibility_for
 from fleet.api_base import ValuesListViewSet, ValuesViewSet
 
 NAMESPACED = ("id", "cluster__name", "cluster_id", "uid", "namespace", "name", "created_at")
@@ -19,10 +20,20 @@ CLAIM_FIELDS = (
 )  # fmt: skip
 
 
+def visible(request: Any, queryset: QuerySet[Any]) -> QuerySet[Any]:
+    """Only rows in namespaces the user may see (dashboard.visibility): lists, CSV and pages alike."""
+    return queryset.filter(visibility_for(request.user).q())
+
+
 class NamespacedViewSet(ValuesViewSet):
     renames = CLUSTER
     ordering = ("name", "id")
     ordering_fields: tuple[str, ...] = ("id", "name", "namespace")
+    queryset: QuerySet[Any] | None = None
+
+    def get_queryset(self) -> QuerySet[Any]:
+        assert self.queryset is not None, "a namespaced viewset needs a queryset or its own get_queryset"
+        return visible(self.request, self.queryset.all())
 
     def decorate(self, page: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for r in page:
@@ -39,7 +50,7 @@ class ClaimViewSet(NamespacedViewSet):
     ordering_fields = ("id", "name", "namespace", "state")
 
     def get_queryset(self) -> QuerySet[Any]:
-        return api_selectors.claims()
+        return visible(self.request, api_selectors.claims())
 
     def decorate(self, page: list[dict[str, Any]]) -> list[dict[str, Any]]:
         api_selectors.attach_devices(page)
@@ -58,7 +69,7 @@ class LeakViewSet(ValuesListViewSet):
     ordering_fields = ("id", "name", "namespace")
 
     def get_queryset(self) -> QuerySet[Any]:
-        return api_selectors.claims()
+        return visible(self.request, api_selectors.claims())
 
     def decorate(self, page: list[dict[str, Any]]) -> list[dict[str, Any]]:
         api_selectors.attach_devices(page)
@@ -79,12 +90,16 @@ class PendingViewSet(NamespacedViewSet):
     )  # fmt: skip
 
     def get_queryset(self) -> QuerySet[Any]:
-        return api_selectors.pending()
+        return visible(self.request, api_selectors.pending())
 
     def decorate(self, page: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        vis = visibility_for(self.request.user)
         for r in page:
             category = r.pop("diagnosis__category")
-            summary = r.pop("diagnosis__summary")
+            # The summary names the claims holding the devices wanted: hide those of other namespaces.
+            summary = (
+                redact_text(r.pop("diagnosis__summary") or "", vis, r["cluster__name"]) if category else None
+            )
             computed_at = r.pop("diagnosis__computed_at")
             r["diagnosis"] = (
                 None

@@ -8,12 +8,16 @@ client address and the path.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
+from urllib.parse import parse_qsl
 
+from asgiref.sync import async_to_sync
 from axes.backends import AxesStandaloneBackend
-from django.contrib.auth.signals import user_login_failed
+from channels.layers import get_channel_layer
+from django.contrib.auth.signals import user_logged_out, user_login_failed
 from django.dispatch import receiver
 from django.http import HttpRequest, HttpResponse
 
@@ -83,6 +87,90 @@ def log_login_failure(
         getattr(request, "path", "-"),
         " (locked out: too many failures)" if locked else "",
     )
+
+
+def session_group(session_key: str | None, user_id: Any) -> str:
+    """The channel-layer group of the websockets opened with one login session (by user when the
+    connection has no session). Group names allow ASCII letters, digits, ``-``, ``_`` and ``.``; session keys
+    are letters and digits, hashed anyway so the key itself never travels through Redis."""
+    if session_key:
+        return "session-" + hashlib.sha256(session_key.encode()).hexdigest()[:32]
+    return f"user-{user_id}"
+
+
+SESSION_ENDED = 4401  # websocket close code: the login session behind the socket ended
+BAD_QUERY = 4400  # websocket close code: a query-string parameter is invalid (an error message precedes it)
+T = TypeVar("T")
+
+
+class SessionBoundConsumer:
+    """Mixin for Channels websocket consumers: the socket closes when its login session ends (logout).
+
+    Call :meth:`join_session_group` in ``connect`` (after authenticating) and :meth:`leave_session_group` in
+    ``disconnect``; :meth:`session_end` handles the ``session.end`` message the logout signal sends.
+    """
+
+    scope: Any
+    channel_layer: Any
+    channel_name: str
+    session_group: str | None = None
+
+    async def open_with(
+        self, parse: Callable[[dict[str, str]], T], errors: tuple[type[Exception], ...]
+    ) -> T | None:
+        """What every consumer's ``connect`` starts with: a logged-in user, then its query string parsed by
+        ``parse``. Returns the parsed value, or None after closing the socket: 4401 without a login; 4400
+        after an ``{"type": "error", "parameter", "message"}`` message when ``parse`` raises one of
+        ``errors`` (exceptions with a ``parameter`` attribute)."""
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self.close(code=SESSION_ENDED)  # type: ignore[attr-defined]
+            return None
+        query = dict(parse_qsl(self.scope.get("query_string", b"").decode("latin-1")))
+        try:
+            return parse(query)
+        except errors as exc:
+            await self.accept()  # type: ignore[attr-defined]
+            message = {"type": "error", "parameter": getattr(exc, "parameter", ""), "message": str(exc)}
+            await self.send_json(message)  # type: ignore[attr-defined]
+            await self.close(code=BAD_QUERY)  # type: ignore[attr-defined]
+            return None
+
+    async def join_session_group(self) -> None:
+        session = self.scope.get("session")
+        user = self.scope.get("user")
+        self.session_group = session_group(getattr(session, "session_key", None), getattr(user, "pk", None))
+        await self.channel_layer.group_add(self.session_group, self.channel_name)
+
+    async def leave_session_group(self) -> None:
+        if self.session_group is not None:
+            await self.channel_layer.group_discard(self.session_group, self.channel_name)
+
+    async def session_end(self, event: dict[str, Any]) -> None:
+        await self.close(code=SESSION_ENDED)  # type: ignore[attr-defined]
+
+
+@receiver(user_logged_out, dispatch_uid="claimscope.security.close_websockets")
+def close_session_websockets(
+    sender: object, request: HttpRequest | None = None, user: Any = None, **kwargs: Any
+) -> None:
+    """Logout ends the session for websockets too: every socket opened with this session closes.
+
+    Sent before Django flushes the session, so the key is still known. A socket that reconnects with the old
+    cookie finds no session and is refused (``fleet.consumers``)."""
+    session = getattr(request, "session", None)
+    key = getattr(session, "session_key", None)
+    if key is None and user is None:
+        return
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    try:
+        async_to_sync(layer.group_send)(
+            session_group(key, getattr(user, "pk", None)), {"type": "session.end"}
+        )
+    except Exception:  # the logout itself must not fail because Redis is away; sockets then end on reconnect
+        log.exception("logout: could not close the websockets of user=%r", getattr(user, "username", None))
 
 
 class DenialLogMiddleware:

@@ -1,5 +1,7 @@
+from django.conf import settings
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
+from django.contrib.auth.decorators import login_not_required
 from django.urls import include, path
 
 from dashboard import views
@@ -9,10 +11,35 @@ from dashboard import views
 urlpatterns = [
     path("", views.home, name="home"),
     path("healthz", views.healthz, name="healthz"),
-    path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
+    path(
+        "accounts/login/",
+        auth_views.LoginView.as_view(
+            extra_context={
+                "sso": settings.CLAIMSCOPE_OIDC_ENABLED,
+                "sso_label": settings.CLAIMSCOPE_OIDC_BUTTON,
+            }
+        ),
+        name="login",
+    ),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
     path("fleet/", include("fleet.urls")),
     path("claims/", include("claims.urls")),
     path("api/", include("dashboard.api_urls")),
 ]
+if settings.CLAIMSCOPE_OIDC_ENABLED:
+    # Single sign-on (dashboard/oidc.py). Anonymous by nature: the views start and finish the login.
+    from mozilla_django_oidc import views as oidc_views
+
+    urlpatterns += [
+        path(
+            "oidc/authenticate/",
+            login_not_required(oidc_views.OIDCAuthenticationRequestView.as_view()),
+            name="oidc_authentication_init",
+        ),
+        path(
+            "oidc/callback/",
+            login_not_required(oidc_views.OIDCAuthenticationCallbackView.as_view()),
+            name="oidc_authentication_callback",
+        ),
+    ]

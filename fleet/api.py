@@ -14,6 +14,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from dashboard.renderers import ORJSONRenderer
+from dashboard.visibility import redact_heatmap_rows, visibility_for
 from fleet import api_filters, api_selectors, feed, heatmap
 from fleet import api_serializers as rows
 from fleet.api_base import StrictContentNegotiation, ValuesListViewSet, ValuesViewSet, reject_empty
@@ -129,11 +130,17 @@ class DeviceViewSet(ValuesViewSet):
 
     def decorate(self, page: list[dict[str, Any]]) -> list[dict[str, Any]]:
         names = api_selectors.claim_names({(r["cluster_id"], r["claim_uid"]) for r in page if r["claim_uid"]})
+        vis = visibility_for(self.request.user)
         for r in page:
             uid = r.pop("claim_uid")
             cid = r.pop("cluster_id")
             r["allocated"] = uid is not None
             r["claim"] = names.get((cid, uid), uid) if uid is not None else None
+            # A claim in a namespace the user may not see: the device stays allocated, the claim unnamed.
+            if r["claim"] is not None and vis.restricted:
+                known = (cid, uid) in names
+                if not known or not vis.allows(r["cluster__name"], r["claim"].split("/", 1)[0]):
+                    r["claim"] = None
         return page
 
 
@@ -210,7 +217,7 @@ class HeatmapView(APIView):
     def get(self, request: Request) -> Response:
         reject_empty(request, PARAMETERS)
         filters = _fleet_filters(request)
-        matrix = feed.load_rows(filters)
+        matrix = redact_heatmap_rows(feed.load_rows(filters), visibility_for(request.user))
         return Response({"filters": filters.as_dict(), "summary": heatmap.summary(matrix), "rows": matrix})
 
 

@@ -8,6 +8,8 @@ allocated compute slices out of 7.
 from __future__ import annotations
 
 import hashlib
+import logging
+import time
 from collections import defaultdict
 from typing import Any
 
@@ -32,6 +34,7 @@ from fleet.normalize import FULL_GPU_SLICES
 from fleet.selectors import FleetSummary, GroupCount, ModelTotals
 
 SUMMARY_CACHE_SECONDS = 3600
+log = logging.getLogger(__name__)
 
 
 def _allocations() -> QuerySet[Any]:
@@ -183,14 +186,63 @@ def fleet_version() -> tuple[Any, ...]:
     return (Cluster.objects.count(), slices["n"], slices["t"], claims["n"], claims["t"])
 
 
+SUMMARY_LATEST_KEY = "api:summary:latest"  # (version key, summary) of the last computed summary
+WARM_GRACE_SECONDS = 30  # a refresh asked for longer ago than this is overdue: compute on the request
+
+
+def _summary_key(version: tuple[Any, ...]) -> str:
+    return f"api:summary:{hashlib.sha256(repr(version).encode()).hexdigest()[:32]}"
+
+
 def summary(cluster_id: int | None = None) -> dict[str, Any]:
-    """:func:`compute_summary`, cached until the fleet changes (it costs seconds on 100k devices)."""
-    key = f"api:summary:{cluster_id}:{hashlib.sha256(repr(fleet_version()).encode()).hexdigest()[:32]}"
+    """The fleet summary (of one cluster with ``cluster_id``), computed off the request path.
+
+    A change event asks the Celery task :func:`fleet.tasks_summary.warm_summary` to compute the summary
+    of the new fleet version (debounced). Until it has, requests get the previous summary, a few seconds
+    old; only when there is none, or the refresh is overdue (no worker?), does a request compute it."""
+    whole, _ = current_summary()
+    return summary_of_cluster(whole, cluster_id)
+
+
+def current_summary() -> tuple[dict[str, Any], bool]:
+    """The whole fleet's summary and whether it is the previous version's (a refresh is under way)."""
+    from fleet import tasks_summary
+
+    key = _summary_key(fleet_version())
     cached = cache.get(key)
-    if cached is None:
-        cached = compute_summary(cluster_id)
-        cache.set(key, cached, timeout=SUMMARY_CACHE_SECONDS)
-    return cached
+    if cached is not None:
+        return cached, False
+    latest = cache.get(SUMMARY_LATEST_KEY)
+    asked = tasks_summary.request_warm(key)
+    if latest is not None and time.time() - asked < WARM_GRACE_SECONDS:
+        return latest[1], True
+    log.warning(
+        "summary: no current summary and no refresh in %d s; computing it on the request", WARM_GRACE_SECONDS
+    )
+    return warm_summary_cache(), False
+
+
+def warm_summary_cache() -> dict[str, Any]:
+    """Compute the whole fleet's summary for the current version and cache it (idempotent)."""
+    key = _summary_key(fleet_version())
+    cached = cache.get(key)
+    if cached is not None:
+        return cached
+    whole = compute_summary()
+    cache.set(key, whole, timeout=SUMMARY_CACHE_SECONDS)
+    cache.set(SUMMARY_LATEST_KEY, (key, whole), timeout=SUMMARY_CACHE_SECONDS)
+    return whole
+
+
+def summary_of_cluster(whole: dict[str, Any], cluster_id: int | None) -> dict[str, Any]:
+    """One cluster's part of the whole summary (its section, which is also its total), or the whole."""
+    if cluster_id is None:
+        return whole
+    name = cluster_names().get(cluster_id)
+    mine = [c for c in whole["clusters"] if name is not None and c["cluster"] == name]
+    if not mine:
+        return {"clusters": [], "total": FleetSummary().as_dict()}
+    return {"clusters": mine, "total": {k: v for k, v in mine[0].items() if k != "cluster"}}
 
 
 def compute_summary(cluster_id: int | None = None) -> dict[str, Any]:

@@ -2,6 +2,11 @@
 
 The snapshot/delta logic is :class:`fleet.feed.FleetFeed`; this only moves messages. Deltas are flushed at
 most once per ``fleet_feed.BATCH_SECONDS``: change events inside that window coalesce into one message.
+
+Each connection also joins its login session's group (:func:`dashboard.security.session_group`): logging
+out sends ``session.end`` there and every socket of that session closes. Rows pass through
+:func:`dashboard.visibility.redact_heatmap_rows` for this connection's user after they are built, so a
+feed shared between connections never carries one user's view to another.
 """
 
 from __future__ import annotations
@@ -9,46 +14,43 @@ from __future__ import annotations
 import asyncio
 import logging
 from typing import Any
-from urllib.parse import parse_qsl
 
 import orjson
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 
+from dashboard.security import BAD_QUERY, SESSION_ENDED, SessionBoundConsumer
+from dashboard.visibility import Visibility, redact_heatmap_rows, visibility_for
 from fleet import feed as fleet_feed
 from fleet.filters import FilterError, parse_filters
 
 log = logging.getLogger(__name__)
-BAD_REQUEST = 4400
-UNAUTHORIZED = 4401
+BAD_REQUEST = BAD_QUERY  # 4400: a bad query-string parameter
+UNAUTHORIZED = SESSION_ENDED  # 4401: not logged in, or the session ended (logout)
 
 
-class FleetConsumer(AsyncJsonWebsocketConsumer):
+class FleetConsumer(SessionBoundConsumer, AsyncJsonWebsocketConsumer):
     """Streams heatmap rows for the filters in the query string to a logged-in user."""
 
     feed: fleet_feed.FleetFeed
     flusher: asyncio.Task[None] | None = None
     lock: asyncio.Lock
+    vis: Visibility
 
     @classmethod
     async def encode_json(cls, content: Any) -> str:
         return orjson.dumps(content).decode()
 
     async def connect(self) -> None:
-        user = self.scope.get("user")
-        if user is None or not user.is_authenticated:
-            await self.close(code=UNAUTHORIZED)
+        filters = await self.open_with(parse_filters, (FilterError,))
+        if filters is None:
             return
-        query = dict(parse_qsl(self.scope.get("query_string", b"").decode("latin-1")))
-        try:
-            self.feed = fleet_feed.FleetFeed(parse_filters(query))
-            self.lock = asyncio.Lock()
-        except FilterError as exc:
-            await self.accept()
-            await self.send_json({"type": "error", "parameter": exc.parameter, "message": str(exc)})
-            await self.close(code=BAD_REQUEST)
-            return
+        user = self.scope["user"]
+        self.feed = fleet_feed.FleetFeed(filters)
+        self.lock = asyncio.Lock()
+        self.vis = await database_sync_to_async(visibility_for)(user)
+        await self.join_session_group()
         await self.channel_layer.group_add(settings.CLAIMSCOPE_INGEST_GROUP, self.channel_name)
         await self.accept()
         await self._send(self.feed.snapshot)
@@ -56,6 +58,7 @@ class FleetConsumer(AsyncJsonWebsocketConsumer):
     async def disconnect(self, code: int) -> None:
         if self.flusher is not None:
             self.flusher.cancel()
+        await self.leave_session_group()
         if hasattr(self, "feed"):
             await self.channel_layer.group_discard(settings.CLAIMSCOPE_INGEST_GROUP, self.channel_name)
 
@@ -83,4 +86,6 @@ class FleetConsumer(AsyncJsonWebsocketConsumer):
         async with self.lock:
             message = await database_sync_to_async(build)()
             if message is not None:
+                if "rows" in message:
+                    message = {**message, "rows": redact_heatmap_rows(message["rows"], self.vis)}
                 await self.send_json(message)

@@ -13,6 +13,13 @@ from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 from django.utils import timezone
 
+from dashboard.visibility import (
+    Visibility,
+    redact_claim_refs,
+    redact_heatmap_rows,
+    redact_holders,
+    visibility_for,
+)
 from fleet import feed, heatmap, overview, selectors
 from fleet.filters import STATES, FilterError, FleetFilter, parse_filters
 from fleet.models import Cluster, Device, Node
@@ -91,7 +98,7 @@ def heatmap_page(request: HttpRequest, filters: FleetFilter) -> HttpResponse:
 @with_filters
 def heatmap_json(request: HttpRequest, filters: FleetFilter) -> HttpResponse:
     """The heatmap rows as JSON (what the websocket snapshot carries), for scripts and the benchmark."""
-    rows = feed.load_rows(filters)
+    rows = redact_heatmap_rows(feed.load_rows(filters), visibility_for(request.user))
     body = {"filters": filters.as_dict(), "summary": heatmap.summary(rows), "rows": rows}
     return HttpResponse(orjson.dumps(body), content_type="application/json")
 
@@ -105,7 +112,7 @@ def mig_page(request: HttpRequest, filters: FleetFilter) -> HttpResponse:
     labels = selectors.node_labels(list(names)) if filters.label else {}
     devices = overview.narrow(devices, filters, labels)
     holders = selectors.allocation_holders(list(names))
-    gpus = overview.mig_gpus(devices, holders, counter_sets, names, filters.state)
+    gpus = _redact_mig(overview.mig_gpus(devices, holders, counter_sets, names, filters.state), request)
     context = {
         "gpus": gpus[:MIG_PAGE_LIMIT],
         "gpu_count": len(gpus),
@@ -128,20 +135,40 @@ def cluster_detail(request: HttpRequest, cluster: str) -> HttpResponse:
     return render(request, "fleet/cluster.html", context)
 
 
-def _node_gpus(c: Cluster, node: str) -> tuple[heatmap.Rows, list[dict[str, Any]], Any, Any]:
+def _redact_mig(gpus: list[overview.MigGpu], request: HttpRequest) -> list[overview.MigGpu]:
+    """MIG blocks name their claims: foreign ones become "allocated — another namespace"."""
+    vis = visibility_for(request.user)
+    if vis.restricted:
+        for g in gpus:
+            for b in g.blocks:
+                b.claims = redact_claim_refs(b.claims, vis, g.cluster)
+    return gpus
+
+
+def _visible_holders(
+    vis: Visibility, c: Cluster, pools: list[str]
+) -> dict[selectors.DeviceKey, list[selectors.Holder]]:
+    """Holders of the cluster's devices, foreign claims without their identity (dashboard.visibility)."""
+    holders = selectors.allocation_holders([c.pk], pools=pools, consumers=True)
+    return redact_holders(holders, vis, {c.pk: c.name})
+
+
+def _node_gpus(vis: Visibility, c: Cluster, node: str) -> tuple[heatmap.Rows, list[dict[str, Any]], Any, Any]:
+    """The node's heatmap row, devices, holders (foreign ones without identity) and counter sets."""
     devices, counter_sets = selectors.heatmap_devices(
         [c.pk], node=node, extra=("name", "capacity", "uuid", "product_name", "memory_bytes")
     )
     pools = sorted({d["pool"] for d in devices})
     holders = selectors.allocation_holders([c.pk], pools=pools, consumers=True)
+    # Rows count distinct claims per GPU: build them before redaction merges the hidden ones.
     rows = heatmap.build_rows(devices, set(holders), counter_sets, holders, {c.pk: c.name}, {}, FleetFilter())
-    return rows, devices, holders, counter_sets
+    return rows, devices, redact_holders(holders, vis, {c.pk: c.name}), counter_sets
 
 
 def node_detail(request: HttpRequest, cluster: str, node: str) -> HttpResponse:
     c = get_object_or_404(Cluster, name=cluster)
     n = Node.objects.filter(cluster=c, name=node).first()
-    rows, devices, holders, counter_sets = _node_gpus(c, node)
+    rows, devices, holders, counter_sets = _node_gpus(visibility_for(request.user), c, node)
     if n is None and not devices:
         raise Http404("no such node")
     row = rows.get(heatmap.row_key(c.name, node))
@@ -155,9 +182,9 @@ def node_detail(request: HttpRequest, cluster: str, node: str) -> HttpResponse:
     return render(request, "fleet/node.html", context)
 
 
-def _gpu_context(cluster: str, node: str, index: int) -> dict[str, Any]:
+def _gpu_context(request: HttpRequest, cluster: str, node: str, index: int) -> dict[str, Any]:
     c = get_object_or_404(Cluster, name=cluster)
-    rows, devices, holders, counter_sets = _node_gpus(c, node)
+    rows, devices, holders, counter_sets = _node_gpus(visibility_for(request.user), c, node)
     mine = [d for d in devices if d["gpu_minor"] == index]
     if not mine:
         raise Http404("no such GPU")
@@ -166,9 +193,12 @@ def _gpu_context(cluster: str, node: str, index: int) -> dict[str, Any]:
     row = rows.get(heatmap.row_key(c.name, node))
     cell = next((cell for cell in (row[4] if row else []) if cell[0] == index), None)
     device_rows = overview.device_states(mine, holders, counter_sets)
-    claims = sorted({(h.namespace, h.name, h.state) for d in device_rows for h in d["holders"]})
+    # One line per claim: hidden claims (blank names) are told apart by object (one per claim, see
+    # dashboard.visibility.redact_holders), visible ones by name.
+    held = {(h.namespace, h.name) if h.name else id(h): h for d in device_rows for h in d["holders"]}
+    claims = sorted((h.namespace, h.name, h.state) for h in held.values())
     consumers = sorted({u for d in device_rows for h in d["holders"] for u in h.consumers})
-    mig = overview.mig_gpus(mine, holders, counter_sets, {c.pk: c.name})
+    mig = _redact_mig(overview.mig_gpus(mine, holders, counter_sets, {c.pk: c.name}), request)
     return {
         "cluster": c,
         "node_name": node,
@@ -186,12 +216,12 @@ def _gpu_context(cluster: str, node: str, index: int) -> dict[str, Any]:
 
 
 def gpu_detail(request: HttpRequest, cluster: str, node: str, index: int) -> HttpResponse:
-    return render(request, "fleet/gpu.html", _gpu_context(cluster, node, index))
+    return render(request, "fleet/gpu.html", _gpu_context(request, cluster, node, index))
 
 
 def gpu_card(request: HttpRequest, cluster: str, node: str, index: int) -> HttpResponse:
     """The heatmap's hover panel: an HTML fragment (escaped by the template engine)."""
-    return render(request, "fleet/_gpu_card.html", _gpu_context(cluster, node, index))
+    return render(request, "fleet/_gpu_card.html", _gpu_context(request, cluster, node, index))
 
 
 def device_detail(request: HttpRequest, cluster: str) -> HttpResponse:
@@ -201,7 +231,7 @@ def device_detail(request: HttpRequest, cluster: str) -> HttpResponse:
     if missing:
         return HttpResponseBadRequest(f"Missing parameter {missing[0]}\n", content_type="text/plain")
     device = get_object_or_404(Device, cluster=c, **params)
-    holders = selectors.allocation_holders([c.pk], pools=[device.pool], consumers=True)
+    holders = _visible_holders(visibility_for(request.user), c, [device.pool])
     context = {
         "cluster": c,
         "device": device,
@@ -219,6 +249,9 @@ def claim_detail(request: HttpRequest, cluster: str, namespace: str, name: str) 
     pod_model = apps.get_model("claims", "Pod")
     event_model = apps.get_model("claims", "SchedulingEvent")
     c = get_object_or_404(Cluster, name=cluster)
+    # A claim in a namespace the user may not see is a 404, like a missing one: existence is not confirmed.
+    if not visibility_for(request.user).allows(c.name, namespace):
+        raise Http404("no such claim")
     claim = get_object_or_404(claim_model, cluster=c, namespace=namespace, name=name)
     allocations = list(allocation_model.objects.filter(cluster=c, claim_uid=claim.uid).order_by("request"))
     devices = {
@@ -232,7 +265,8 @@ def claim_detail(request: HttpRequest, cluster: str, namespace: str, name: str) 
     )
     consumer_uids = [str(r.get("uid", "")) for r in claim.reserved_for if isinstance(r, dict)]
     uids = [claim.uid, *(p.uid for p in pods), *consumer_uids]
-    events = event_model.objects.filter(cluster=c, involved_uid__in=uids).order_by("-last_at")[:50]
+    events = event_model.objects.filter(visibility_for(request.user).q(), cluster=c, involved_uid__in=uids)
+    events = events.order_by("-last_at")[:50]
     context = {
         "cluster": c,
         "claim": claim,

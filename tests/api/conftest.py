@@ -15,6 +15,7 @@ from django.db import connection
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
+from dashboard.visibility import grant_all_namespaces
 from fleet import ingest
 from fleet.importer import INGEST_ORDER
 from fleet.kube.reflector import Reflector, StreamConfig
@@ -38,7 +39,10 @@ def _fresh_throttles():
 
 @pytest.fixture
 def user():
-    return get_user_model().objects.create_user("alice", password="correct horse battery staple")
+    # Sees every namespace: these suites are not about visibility (tests/security/ is).
+    user = get_user_model().objects.create_user("alice", password="correct horse battery staple")
+    grant_all_namespaces(user)
+    return user
 
 
 @pytest.fixture

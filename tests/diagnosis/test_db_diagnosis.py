@@ -20,6 +20,7 @@ from claims.diagnosis import diagnose
 from claims.diagnosis_api import ClaimDiagnosisView, WhatIfView
 from claims.fleetstate import FleetState
 from claims.models import ClaimDiagnosis, ResourceClaim
+from dashboard.visibility import grant_all_namespaces
 from fleet.simulator import nvidia
 from tests.diagnosis.fleet import CAP
 
@@ -36,7 +37,10 @@ def imported() -> None:
 
 @pytest.fixture
 def user() -> Any:
-    return get_user_model().objects.create_user("oncall", password="x-long-enough-password")
+    # Sees every namespace: this suite is not about visibility (tests/security/ is).
+    user = get_user_model().objects.create_user("oncall", password="x-long-enough-password")
+    grant_all_namespaces(user)
+    return user
 
 
 def test_the_database_snapshot_diagnoses_like_the_files(imported: None) -> None:

@@ -13,6 +13,7 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.db import connection
 
+from dashboard.visibility import grant_all_namespaces
 from fleet import ingest
 from fleet.ingest import Change
 from fleet.normalize import normalize
@@ -31,9 +32,22 @@ def _require_postgresql(db):
         )
 
 
+@pytest.fixture(autouse=True)
+def _fresh_heatmap_cache():
+    # The process-wide GPU cache outlives a test's database rows; every test starts from an empty one.
+    from fleet import feed
+
+    feed.CACHE.clear()
+    yield
+    feed.CACHE.clear()
+
+
 @pytest.fixture
 def user():
-    return get_user_model().objects.create_user("alice", password=PASSWORD)
+    # Sees every namespace: these suites are not about visibility (tests/security/ is).
+    user = get_user_model().objects.create_user("alice", password=PASSWORD)
+    grant_all_namespaces(user)
+    return user
 
 
 @pytest.fixture

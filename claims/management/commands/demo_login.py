@@ -11,6 +11,8 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 
+from dashboard.visibility import grant_all_namespaces
+
 DEMO_USER = "demo"
 
 
@@ -32,6 +34,8 @@ def ensure_demo_user() -> str:
     user, _ = get_user_model().objects.get_or_create(username=DEMO_USER, defaults={"is_staff": True})
     user.set_password(password)
     user.save()
+    # The demo shows the whole simulated fleet: its user sees every namespace (docs/operations.md).
+    grant_all_namespaces(user)
     return password
 
 
