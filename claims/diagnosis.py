@@ -16,7 +16,7 @@ from __future__ import annotations
 import copy
 import heapq
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -814,12 +814,20 @@ def prepare(state: FleetState) -> FleetState:
     return state
 
 
-def diagnose(state: FleetState, obj: Obj) -> Diagnosis:
-    """Diagnose a ResourceClaim, a ResourceClaimTemplate (as the claim it would stamp) or a Pod."""
+def diagnose(state: FleetState, obj: Obj, pods_in: Callable[[str], bool] | None = None) -> Diagnosis:
+    """Diagnose a ResourceClaim, a ResourceClaimTemplate (as the claim it would stamp) or a Pod.
+
+    The pods using a claim (their node selector, the scheduler's message) are looked up only when
+    ``pods_in(namespace)`` allows the claim's namespace (every namespace when None); otherwise the claim is
+    diagnosed as no pod used it, like a template. What-if passes the user's visibility here."""
     if obj.get("kind") == "Pod":
         return _diagnose_pod(state, obj)
     claim = _claim_from(obj)
-    pods = state.pods_of_claim(claim) if obj.get("kind") == "ResourceClaim" else []
+    pods: list[Obj] = []
+    if obj.get("kind") == "ResourceClaim":
+        namespace = str((claim.get("metadata") or {}).get("namespace") or "")
+        if pods_in is None or pods_in(namespace):
+            pods = state.pods_of_claim(claim)
     return _diagnose_claim(state, claim, pods[0] if pods else None, lint_object(obj, state))
 
 
@@ -946,6 +954,10 @@ def _diagnose_claim(
         base.category = "too-many"
         base.summary = f"{name} asks for at least {minimum} devices; a claim holds at most {MAX_RESULTS}."
         base.suggestions = [f"Split it into several claims of at most {MAX_RESULTS} devices each."]
+        return base
+    if not requests:  # nothing to allocate: no fleet, however empty, can keep it pending
+        base.category = "fits"
+        base.summary = f"{name} requests no devices: there is nothing to allocate."
         return base
     # 4. per-device analysis + allocator replay
     ctx = _Context.of(state)

@@ -9,6 +9,7 @@ from typing import Any
 
 from django.shortcuts import get_object_or_404
 from django.urls import path
+from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
@@ -20,6 +21,8 @@ from rest_framework.views import APIView
 from claims.diagnosis import diagnose
 from claims.fleetstate import FleetState
 from claims.models import ClaimDiagnosis, ResourceClaim
+from dashboard.visibility import redact_diagnosis, visibility_for
+from fleet.normalize import INT64_MAX, NormalizeError, clean_pasted_claim
 from fleet.snapshot import SnapshotError, read_text
 
 WHATIF_KINDS = ("ResourceClaim", "ResourceClaimTemplate")
@@ -38,26 +41,176 @@ def _error(message: str, code: int = status.HTTP_400_BAD_REQUEST) -> Response:
     return Response({"detail": message}, status=code)
 
 
-# What the schema promises: a Kubernetes object of one of the two kinds, with a spec.
-WHATIF_BODY = {
+# What the schema promises: the fields of a ResourceClaim or ResourceClaimTemplate (resource.k8s.io/v1)
+# that lint and diagnosis read, with the types and limits ``fleet.normalize.check_claim_object`` enforces;
+# other fields are accepted and ignored. A null field is read as absent, as the API server reads it. A body
+# outside this is a 400 naming the field.
+
+
+def _opt(schema: dict[str, Any]) -> dict[str, Any]:
+    return {**schema, "nullable": True}
+
+
+def _list_of(items: dict[str, Any]) -> dict[str, Any]:
+    return _opt({"type": "array", "items": items})
+
+
+# fleet.quantity's grammar, with at most a two-digit exponent (it refuses |e| > 100).
+_QUANTITY_PATTERN = r"^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?[0-9]{1,2})?$"
+_DEVICE_FIELDS = {
+    "deviceClassName": _opt({"type": "string", "maxLength": 253, "example": "gpu.nvidia.com"}),
+    "selectors": _list_of(
+        _opt(
+            {
+                "type": "object",
+                "properties": {
+                    "cel": _opt(
+                        {
+                            "type": "object",
+                            "properties": {"expression": _opt({"type": "string", "maxLength": 10240})},
+                        }
+                    )
+                },
+            }
+        )
+    ),
+    "allocationMode": _opt({"type": "string", "maxLength": 32, "example": "ExactCount"}),
+    "count": _opt({"type": "integer", "minimum": 0, "maximum": INT64_MAX}),
+    "adminAccess": _opt({"type": "boolean"}),
+    "tolerations": _list_of(_opt({"type": "object"})),
+    "capacity": _opt(
+        {
+            "type": "object",
+            "properties": {
+                "requests": _opt(
+                    {
+                        "type": "object",
+                        "additionalProperties": {
+                            "oneOf": [
+                                {"type": "string", "pattern": _QUANTITY_PATTERN},
+                                {"type": "integer", "minimum": -INT64_MAX - 1, "maximum": INT64_MAX},
+                            ]
+                        },
+                    }
+                )
+            },
+        }
+    ),
+}
+_NAME = {"type": "string", "minLength": 1, "maxLength": 63, "example": "gpu"}
+_REQUEST = {
     "type": "object",
-    "required": ["kind", "spec"],
+    "required": ["name"],
     "properties": {
-        "apiVersion": {"type": "string", "example": "resource.k8s.io/v1"},
-        "kind": {"type": "string", "enum": list(WHATIF_KINDS)},
-        "metadata": {"type": "object"},
-        "spec": {"type": "object"},
+        "name": _NAME,
+        "exactly": _opt({"type": "object", "properties": _DEVICE_FIELDS}),
+        "firstAvailable": _list_of(
+            {"type": "object", "required": ["name"], "properties": {"name": _NAME, **_DEVICE_FIELDS}}
+        ),
+        **_DEVICE_FIELDS,  # v1beta1 put them on the request itself
     },
 }
+_CLAIM_SPEC = {
+    "type": "object",
+    "required": ["devices"],
+    "properties": {
+        "devices": {
+            "type": "object",
+            "required": ["requests"],
+            "properties": {
+                "requests": {"type": "array", "minItems": 1, "items": _REQUEST},
+                "constraints": _list_of(
+                    _opt(
+                        {
+                            "type": "object",
+                            "properties": {
+                                "requests": _list_of(_opt({"type": "string", "maxLength": 127})),
+                                "matchAttribute": _opt({"type": "string", "maxLength": 253}),
+                                "distinctAttribute": _opt({"type": "string", "maxLength": 253}),
+                            },
+                        }
+                    )
+                ),
+            },
+        }
+    },
+}
+_METADATA = _opt(
+    {
+        "type": "object",
+        "properties": {
+            "name": _opt({"type": "string", "maxLength": 253}),
+            "namespace": _opt(
+                {"type": "string", "maxLength": 63, "pattern": "^([a-z0-9]([-a-z0-9]*[a-z0-9])?)?$"}
+            ),
+            "uid": _opt({"type": "string", "maxLength": 128}),
+        },
+    }
+)
+_STATUS = _opt(
+    {
+        "type": "object",
+        "properties": {
+            "allocation": _opt(
+                {
+                    "type": "object",
+                    "properties": {
+                        "devices": _opt(
+                            {
+                                "type": "object",
+                                "properties": {"results": _list_of(_opt({"type": "object"}))},
+                            }
+                        )
+                    },
+                }
+            )
+        },
+    }
+)
+WHATIF_BODY = {
+    "oneOf": [
+        {
+            "type": "object",
+            "required": ["kind", "spec"],
+            "properties": {
+                "kind": {"type": "string", "enum": ["ResourceClaim"]},
+                "metadata": _METADATA,
+                "spec": _CLAIM_SPEC,
+                "status": _STATUS,
+            },
+        },
+        {
+            "type": "object",
+            "required": ["kind", "spec"],
+            "properties": {
+                "kind": {"type": "string", "enum": ["ResourceClaimTemplate"]},
+                "metadata": _METADATA,
+                "spec": {"type": "object", "required": ["spec"], "properties": {"spec": _CLAIM_SPEC}},
+            },
+        },
+    ]
+}
+
+
+class _BodyRequired(AutoSchema):
+    """drf-spectacular marks a request body given as a plain schema optional; the what-if body is not."""
+
+    def _get_request_body(self, direction: str = "request") -> Any:
+        body = super()._get_request_body(direction)
+        if body:
+            body["required"] = True
+        return body
 
 
 class WhatIfView(APIView):
     """Would this ResourceClaim or ResourceClaimTemplate (YAML or JSON body) fit the fleet right now?
 
     Query ``cluster`` picks the cluster when there are several. Returns the diagnosis object: ``category``,
-    ``summary``, ``requests``, ``suggestions``, ``placement``, ``lint``."""
+    ``summary``, ``requests``, ``suggestions``, ``placement``, ``lint``. A body of the wrong shape is a 400
+    naming the field: ``{"spec.devices.requests[1]": ["expected an object, got int"]}``."""
 
     parser_classes = [_RawParser]
+    schema = _BodyRequired()
 
     @extend_schema(
         request={"application/json": WHATIF_BODY, "application/yaml": OpenApiTypes.STR},
@@ -77,10 +230,20 @@ class WhatIfView(APIView):
         if not found:
             return _error(f"the body holds no {' or '.join(WHATIF_KINDS)}")
         try:
+            claim = clean_pasted_claim(found[0])
+        except NormalizeError as exc:
+            # A 400 naming the field, as for query parameters: {"spec.devices.requests[1]": ["expected..."]}.
+            return Response({exc.field or "body": [exc.problem]}, status=status.HTTP_400_BAD_REQUEST)
+        try:
             state = FleetState.from_db(request.query_params.get("cluster") or None)
         except LookupError as exc:
             return _error(str(exc.args[0]), status.HTTP_404_NOT_FOUND)
-        return Response(diagnose(state, found[0]).as_dict())
+        vis = visibility_for(request.user)
+        cluster = state.cluster
+        # Pods using a claim of a namespace the user may not see are not looked at (see claims.views).
+        result = diagnose(state, claim, pods_in=lambda namespace: vis.allows(cluster, namespace)).as_dict()
+        # The result names the claims holding matching devices: hide those of other namespaces.
+        return Response(redact_diagnosis(result, vis, cluster))
 
 
 class ClaimDiagnosisView(APIView):
@@ -93,13 +256,16 @@ class ClaimDiagnosisView(APIView):
         text = str(pk)
         if not text.isdigit() or len(text) > 18:
             return _error(f"no claim with id {text[:40]!r}", status.HTTP_404_NOT_FOUND)
-        claim = get_object_or_404(ResourceClaim.objects.select_related("cluster"), pk=int(text))
+        # A claim in a namespace the user may not see is a 404 too: its existence is not confirmed.
+        visible = ResourceClaim.objects.filter(visibility_for(request.user).q())
+        claim = get_object_or_404(visible.select_related("cluster"), pk=int(text))
         stored = ClaimDiagnosis.objects.filter(claim=claim).first()
         if stored is None:
             from claims.tasks import store_diagnosis
 
             stored = store_diagnosis(FleetState.from_db(claim.cluster.name), claim)
-        return Response({**stored.result, "computed_at": stored.computed_at, "claim_id": claim.pk})
+        result = redact_diagnosis(stored.result, visibility_for(request.user), claim.cluster.name)
+        return Response({**result, "computed_at": stored.computed_at, "claim_id": claim.pk})
 
 
 urlpatterns_v1 = [

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from claims import history
 from claims.models import DeviceAllocation, Pod, ResourceClaim, ResourceClaimTemplate, SchedulingEvent
 from fleet.ingest import ChildSpec, TableSpec, register
 from fleet.normalize import ClaimRecord, EventRecord, PodRecord, TemplateRecord
@@ -92,6 +93,9 @@ def register_all() -> None:
                     conflict=("claim_uid", "request", "driver", "pool", "device_name", "share_id"),
                 ),
             ),
+            # Every state change of a claim, recorded in the batch's transaction (claims.history).
+            on_written=history.record_written,
+            on_deleted=history.record_deleted,
         ),
     )
     register("ResourceClaimTemplate", TableSpec(ResourceClaimTemplate, NAMESPACED, _template_row))

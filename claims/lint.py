@@ -68,20 +68,40 @@ def _published(state: FleetState | None) -> dict[str, dict[tuple[str, str], str]
     return out
 
 
+def _obj(value: Any) -> Obj:
+    """``value`` if it is an object, else an empty one. Lint reads what it can and never raises on a
+    malformed object: what-if callers reject bad shapes first (``fleet.normalize.check_claim_object``),
+    with the field named, and a finding about half a claim beats a crash."""
+    return value if isinstance(value, dict) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
 def _spec_requests(obj: Obj) -> tuple[list[tuple[str, Obj]], list[Obj]]:
     """[(request name, exactly/subrequest spec)], constraints of a claim or template."""
-    spec = obj.get("spec") or {}
+    spec = _obj(obj.get("spec"))
     if obj.get("kind") == "ResourceClaimTemplate":
-        spec = spec.get("spec") or {}
-    devices = spec.get("devices") or {}
+        spec = _obj(spec.get("spec"))
+    devices = _obj(spec.get("devices"))
     out: list[tuple[str, Obj]] = []
-    for request in devices.get("requests") or []:
-        name = request.get("name", "")
+    for request in map(_obj, _list(devices.get("requests"))):
+        name = str(request.get("name", ""))
         if request.get("firstAvailable"):
-            out += [(f"{name}/{s.get('name', '')}", s) for s in request["firstAvailable"]]
+            out += [(f"{name}/{s.get('name', '')}", s) for s in map(_obj, _list(request["firstAvailable"]))]
         else:
-            out.append((name, request.get("exactly") or {}))
-    return out, list(devices.get("constraints") or [])
+            out.append((name, _obj(request.get("exactly"))))
+    return out, [_obj(c) for c in _list(devices.get("constraints"))]
+
+
+def _selector_expressions(spec: Obj) -> list[str]:
+    return [str(_obj(_obj(sel).get("cel")).get("expression") or "") for sel in _list(spec.get("selectors"))]
+
+
+def _count(spec: Obj) -> int:
+    count = spec.get("count", 1)
+    return count if isinstance(count, int) and not isinstance(count, bool) else 1
 
 
 def lint_selector(expression: str, where: str, state: FleetState | None) -> list[Finding]:
@@ -173,19 +193,17 @@ def lint_object(obj: Obj, state: FleetState | None = None) -> list[Finding]:
     """Findings for a claim, a template or a device class."""
     if obj.get("kind") == "DeviceClass":
         out: list[Finding] = []
-        for i, sel in enumerate((obj.get("spec") or {}).get("selectors") or []):
-            expr = ((sel or {}).get("cel") or {}).get("expression", "")
+        for i, expr in enumerate(_selector_expressions(_obj(obj.get("spec")))):
             out += lint_selector(expr, f"selector #{i}", state)
         return out
     requests, constraints = _spec_requests(obj)
     findings: list[Finding] = []
     total = 0
     for name, spec in requests:
-        for i, sel in enumerate(spec.get("selectors") or []):
-            expr = ((sel or {}).get("cel") or {}).get("expression", "")
+        for i, expr in enumerate(_selector_expressions(spec)):
             findings += lint_selector(expr, f"{name} selector #{i}", state)
         if (spec.get("allocationMode") or "ExactCount") == "ExactCount":
-            count = int(spec.get("count", 1))
+            count = _count(spec)
             if count > MAX_RESULTS:
                 findings.append(
                     Finding(
@@ -210,6 +228,8 @@ def lint_object(obj: Obj, state: FleetState | None = None) -> list[Finding]:
         )
     for i, constraint in enumerate(constraints):
         attr = constraint.get("matchAttribute") or constraint.get("distinctAttribute") or ""
+        if not isinstance(attr, str):
+            continue
         if attr and "/" not in attr:
             findings.append(
                 Finding(

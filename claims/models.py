@@ -6,6 +6,7 @@ namespace/name) with derived, indexed fields for the pages and the diagnosis.
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.db import models
 
 from fleet.models import Cluster, Device, KubeObject
@@ -171,3 +172,129 @@ class ClaimDiagnosis(models.Model):
 
     def __str__(self) -> str:
         return f"{self.claim}: {self.category}"
+
+
+class NamespaceGrant(models.Model):
+    """Lets a user see the claims, pods and events of one namespace (``dashboard.visibility``).
+
+    ``cluster`` null means the namespace of that name in every cluster. Users see no namespace unless granted
+    one here, or given the ``claims.view_all_namespaces`` permission, or are superusers. Edited in the admin.
+    """
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="namespace_grants"
+    )
+    cluster = models.ForeignKey(
+        Cluster,
+        on_delete=models.CASCADE,
+        null=True,
+        blank=True,
+        help_text="Empty: this namespace in every cluster.",
+    )
+    namespace = models.CharField(max_length=63)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["user", "cluster", "namespace"], name="grant_key"),
+            models.UniqueConstraint(
+                fields=["user", "namespace"],
+                condition=models.Q(cluster__isnull=True),
+                name="grant_key_all_clusters",
+            ),
+        ]
+        permissions = [("view_all_namespaces", "Can see claims, pods and events in every namespace")]
+
+    def __str__(self) -> str:
+        where = self.cluster.name if self.cluster is not None else "*"
+        return f"{self.user}: {where}/{self.namespace}"
+
+
+# ------------------------------------------------------------------------------------------- history
+# Written by ``claims.history`` from inside fleet.ingest's transaction (its hook on the claim kind), so the
+# history of a claim never disagrees with the mirrored claim table.
+
+CLAIM_STATES_EVER = [*ResourceClaim.STATES, ("deleted", "deleted")]
+
+
+class ClaimLifecycle(models.Model):
+    """One row per claim ever seen (by cluster and uid): when it was created, first pending, last allocated
+    (where, on which devices), released and deleted. ``state`` is the last state recorded; the hook compares
+    each observed claim with it to find changes.
+
+    Times are Kubernetes' own when the object carries one (creationTimestamp, deletionTimestamp,
+    allocationTimestamp), else the time the ingest batch observed the change.
+    """
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE)
+    uid = models.CharField(max_length=128)
+    namespace = models.CharField(max_length=63)
+    name = models.CharField(max_length=253)
+    state = models.CharField(max_length=16, choices=CLAIM_STATES_EVER)
+    created_at = models.DateTimeField(null=True)
+    first_pending_at = models.DateTimeField(null=True, help_text="Null: never seen pending")
+    allocated_at = models.DateTimeField(null=True)
+    node = models.CharField(max_length=253, blank=True)
+    devices = models.JSONField(default=list, help_text="driver/pool/device of the last allocation")
+    released_at = models.DateTimeField(null=True)
+    deleted_at = models.DateTimeField(null=True)
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["cluster", "uid"], name="lifecycle_uid")]
+        indexes = [models.Index(fields=["cluster", "namespace", "name"], name="lifecycle_name")]
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}: {self.state}"
+
+
+class ClaimStateChange(models.Model):
+    """Append-only: a claim went from one state to another at ``at`` (``from_state`` empty: first seen;
+    ``to_state`` "deleted": gone). ``node`` and ``devices`` are those of the allocation made or released."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE)
+    uid = models.CharField(max_length=128)
+    namespace = models.CharField(max_length=63)
+    name = models.CharField(max_length=253)
+    from_state = models.CharField(max_length=16, blank=True)
+    to_state = models.CharField(max_length=16, choices=CLAIM_STATES_EVER)
+    at = models.DateTimeField()
+    node = models.CharField(max_length=253, blank=True)
+    devices = models.JSONField(default=list)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["cluster", "uid", "at"], name="change_claim"),
+            models.Index(fields=["at"], name="change_at"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}: {self.from_state or '-'} -> {self.to_state} at {self.at}"
+
+
+class PendingCause(models.Model):
+    """A cause the diagnosis gave for a claim while it was pending, kept after the claim is allocated or
+    deleted (the triage reports causes of the weekend's claims on Monday). One row per (claim, category,
+    group key); ``first_seen``/``last_seen`` bracket the diagnoses that gave it. Written by ``claims.tasks``.
+    """
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE)
+    uid = models.CharField(max_length=128)
+    namespace = models.CharField(max_length=63)
+    name = models.CharField(max_length=253)
+    category = models.CharField(max_length=32)
+    group_key = models.CharField(max_length=255, blank=True, help_text="claims.causes.cause_of(...).key")
+    summary = models.TextField()
+    result = models.JSONField(default=dict, help_text="The latest diagnosis result giving this cause")
+    first_seen = models.DateTimeField()
+    last_seen = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["cluster", "uid", "category", "group_key"], name="pending_cause_key"
+            )
+        ]
+        indexes = [models.Index(fields=["cluster", "uid"], name="pending_cause_claim")]
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}: {self.category}"

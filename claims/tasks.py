@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from datetime import datetime, timedelta
 from typing import Any
 
 from celery import shared_task
@@ -19,9 +20,12 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from claims import history
+from claims.causes import Pending, cause_of
+from claims.consumers import notify_pending_changed
 from claims.diagnosis import diagnose, prepare
 from claims.fleetstate import FleetState
-from claims.models import ClaimDiagnosis, ResourceClaim
+from claims.models import ClaimDiagnosis, PendingCause, ResourceClaim
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +72,8 @@ def on_fleet_change(event: dict[str, Any]) -> bool:
     return request_recompute(str(event.get("cluster", "")), str(event.get("kind", "")))
 
 
-def store_diagnosis(state: FleetState, claim: ResourceClaim) -> ClaimDiagnosis:
-    """Diagnose one claim on ``state`` and store the result with the current time."""
+def store_diagnosis(state: FleetState, claim: ResourceClaim, now: datetime | None = None) -> ClaimDiagnosis:
+    """Diagnose one claim on ``state`` and store the result with its time (default: now)."""
     raw = {**claim.raw, "kind": "ResourceClaim"}
     result = diagnose(state, raw).as_dict()
     stored, _ = ClaimDiagnosis.objects.update_or_create(
@@ -78,15 +82,47 @@ def store_diagnosis(state: FleetState, claim: ResourceClaim) -> ClaimDiagnosis:
             "category": result["category"],
             "summary": result["summary"],
             "result": result,
-            "computed_at": timezone.now(),
+            "computed_at": now or timezone.now(),
         },
     )
     return stored
 
 
+def record_causes(cluster: str, diagnosed: list[ClaimDiagnosis], now: datetime) -> None:
+    """Keep each pending claim's cause (one row per claim and cause group, first and last seen), so the
+    triage can report the causes of claims no longer pending. One bulk statement."""
+    rows = []
+    for d in diagnosed:
+        claim = d.claim
+        since = claim.created_at or now
+        key = cause_of(Pending(cluster, claim.namespace, claim.name, since, d.result)).key
+        rows.append(
+            PendingCause(
+                cluster_id=claim.cluster_id,
+                uid=claim.uid,
+                namespace=claim.namespace,
+                name=claim.name,
+                category=d.category,
+                group_key=key,
+                summary=d.summary,
+                result=d.result,
+                first_seen=now,
+                last_seen=now,
+            )
+        )
+    PendingCause.objects.bulk_create(
+        rows,
+        update_conflicts=True,
+        unique_fields=["cluster", "uid", "category", "group_key"],
+        update_fields=["summary", "result", "last_seen"],  # first_seen stays that of the first diagnosis
+    )
+
+
 @shared_task(ignore_result=True)
-def recompute_diagnoses(cluster: str) -> dict[str, int]:
-    """Diagnose every pending claim of ``cluster``; returns counts per category."""
+def recompute_diagnoses(cluster: str, now: str | None = None) -> dict[str, int]:
+    """Diagnose every pending claim of ``cluster``; returns counts per category. ``now`` (ISO 8601, default
+    the current time) stamps the results: a replay of a simulated weekend passes its simulated time."""
+    at = datetime.fromisoformat(now) if now else timezone.now()
     try:
         state = FleetState.from_db(cluster)
     except LookupError:
@@ -96,8 +132,25 @@ def recompute_diagnoses(cluster: str) -> dict[str, int]:
     if pending:
         prepare(state)
     counts: dict[str, int] = {}
-    for claim in pending:
-        stored = store_diagnosis(state, claim)
-        counts[stored.category] = counts.get(stored.category, 0) + 1
-    ClaimDiagnosis.objects.filter(claim__cluster__name=cluster).exclude(claim__state="pending").delete()
+    diagnosed = []
+    # One transaction: a page never shows half old, half new diagnoses of one fleet state.
+    with transaction.atomic():
+        for claim in pending:
+            stored = store_diagnosis(state, claim, at)
+            diagnosed.append(stored)
+            counts[stored.category] = counts.get(stored.category, 0) + 1
+        record_causes(cluster, diagnosed, at)
+        ClaimDiagnosis.objects.filter(claim__cluster__name=cluster).exclude(claim__state="pending").delete()
+        # Open pending pages refetch their rows (claims.consumers); after commit, like every side effect.
+        transaction.on_commit(lambda: notify_pending_changed(cluster))
     return counts
+
+
+@shared_task(ignore_result=True)
+def prune_claim_history(now: str | None = None) -> dict[str, int]:
+    """Daily: drop claim history and kept pending causes older than ``CLAIMSCOPE_CLAIM_HISTORY_DAYS``."""
+    at = datetime.fromisoformat(now) if now else timezone.now()
+    before = at - timedelta(days=settings.CLAIMSCOPE_CLAIM_HISTORY_DAYS)
+    changes, lives = history.prune(before)
+    causes, _ = PendingCause.objects.filter(last_seen__lt=before).delete()
+    return {"changes": changes, "lifecycles": lives, "causes": causes}

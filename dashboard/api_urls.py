@@ -10,7 +10,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitVie
 from rest_framework.routers import SimpleRouter
 
 from claims import api as claims_api
-from claims import diagnosis_api
+from claims import api_triage, diagnosis_api
 from fleet import api as fleet_api
 from fleet import api_tokens
 
@@ -36,6 +36,7 @@ v1: list[Any] = [
     *router.urls,
     path("heatmap/", fleet_api.HeatmapView.as_view(), name="heatmap"),
     path("summary/", fleet_api.SummaryView.as_view(), name="summary"),
+    path("triage/", api_triage.TriageView.as_view(), name="triage"),
 ]
 
 urlpatterns: list[Any] = [

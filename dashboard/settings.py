@@ -16,6 +16,7 @@ import dj_database_url
 from django.core.management.utils import get_random_secret_key
 
 from dashboard.env import ConfigError, env_bool, env_int, env_list, env_str, env_url
+from dashboard.oidc_config import oidc_settings
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(env_str("CLAIMSCOPE_DATA_DIR", str(BASE_DIR / ".run")))
@@ -153,12 +154,18 @@ CLAIMSCOPE_WATCH_TIMEOUT = env_int("CLAIMSCOPE_WATCH_TIMEOUT", 0, minimum=0)  # 
 CLAIMSCOPE_WATCH_LOCK_TTL = env_int("CLAIMSCOPE_WATCH_LOCK_TTL", 30, minimum=1)
 CLAIMSCOPE_WATCH_FORBIDDEN_RETRY = env_int("CLAIMSCOPE_WATCH_FORBIDDEN_RETRY", 300, minimum=1)
 CLAIMSCOPE_WATCH_BACKOFF_MAX = env_int("CLAIMSCOPE_WATCH_BACKOFF_MAX", 30, minimum=1)
+# Build the heatmap's GPU cache in the background when the ASGI server starts (fleet.feed.warm), so the
+# first page after a deploy does not pay the one full read of the fleet (seconds on 40k GPUs).
+CLAIMSCOPE_WARM_HEATMAP = env_bool("CLAIMSCOPE_WARM_HEATMAP", False)
 # Allocation history (fleet/tasks_history.py): a sample a minute, downsampling hourly.
 CELERY_IMPORTS = ("fleet.tasks_history",)  # not a `tasks` module: autodiscovery does not find it
 CELERY_BEAT_SCHEDULE |= {
     "history-sample": {"task": "fleet.tasks_history.sample_allocation", "schedule": 60.0},
     "history-downsample": {"task": "fleet.tasks_history.downsample_history", "schedule": 3600.0},
+    # Claim history (claims/history.py) and kept pending causes: older than the retention go, daily.
+    "claim-history-prune": {"task": "claims.tasks.prune_claim_history", "schedule": 86400.0},
 }
+CLAIMSCOPE_CLAIM_HISTORY_DAYS = env_int("CLAIMSCOPE_CLAIM_HISTORY_DAYS", 400, minimum=1)
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
@@ -268,6 +275,17 @@ AUTHENTICATION_BACKENDS = [
     "dashboard.security.LoginAttemptBackend",
     "django.contrib.auth.backends.ModelBackend",
 ]
+# Optional single sign-on (OpenID Connect, mozilla-django-oidc): on when CLAIMSCOPE_OIDC_CLIENT_ID is set
+# (docs/operations.md). The client secret comes from the environment only.
+_oidc = oidc_settings(os.environ)
+CLAIMSCOPE_OIDC_ENABLED = bool(_oidc.pop("CLAIMSCOPE_OIDC_ENABLED"))
+CLAIMSCOPE_OIDC_ISSUER = str(_oidc.pop("CLAIMSCOPE_OIDC_ISSUER", ""))
+CLAIMSCOPE_OIDC_NAMESPACES_CLAIM = str(_oidc.pop("CLAIMSCOPE_OIDC_NAMESPACES_CLAIM", ""))
+CLAIMSCOPE_OIDC_BUTTON = str(_oidc.pop("CLAIMSCOPE_OIDC_BUTTON", ""))
+if CLAIMSCOPE_OIDC_ENABLED:
+    globals().update(_oidc)  # the library's OIDC_* settings
+    INSTALLED_APPS += ["mozilla_django_oidc"]
+    AUTHENTICATION_BACKENDS.append("dashboard.oidc.ClaimscopeOIDCBackend")
 # Probes first (before host checks and the HTTPS redirect); CSP and 403 logging right after
 # SecurityMiddleware, outside CSRF and auth so they see their answers; axes last, as it requires.
 _after_security = MIDDLEWARE.index("django.middleware.security.SecurityMiddleware") + 1

@@ -43,7 +43,9 @@ def parse_duration(value: str) -> timedelta:
     match = _DURATION.match(value)
     if not match:
         raise ValueError(f"{value!r} is not a duration such as 90, 15m, 2h, 3d or 1w")
-    return min(timedelta(seconds=int(match[1]) * _UNITS[match[2]]), MAX_DURATION)
+    # Cap the number before building the timedelta: a huge value would overflow it (OverflowError).
+    seconds = min(int(match[1]) * _UNITS[match[2]], int(MAX_DURATION.total_seconds()))
+    return timedelta(seconds=seconds)
 
 
 class DurationField(forms.CharField):

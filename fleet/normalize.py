@@ -11,9 +11,10 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from functools import lru_cache
+from typing import Any, cast
 
-from fleet.quantity import quantity_bytes
+from fleet.quantity import QuantityError, parse_quantity, quantity_bytes
 
 KINDS = ("DeviceClass", "Node", "ResourceSlice", "ResourceClaim", "ResourceClaimTemplate", "Pod", "Event")
 NVIDIA_GPU_DRIVER = "gpu.nvidia.com"
@@ -376,11 +377,21 @@ def model_family(product_name: str) -> str:
     Word boundaries keep Grace-Hopper "GH200" out of "H200": a superchip with its own memory is not
     interchangeable with an H200 for scheduling, so it is "other" until it gets a family of its own.
     """
+    # A fleet has a handful of product names, repeated on 100,000 devices; odd long ones are not kept.
+    return _cached_family(product_name) if len(product_name) <= CACHED_LENGTH else _family(product_name)
+
+
+CACHED_LENGTH = 256  # longest text whose parse is cached (a published text could be huge)
+
+
+def _family(product_name: str) -> str:
     for pattern, family in _FAMILIES:
         if pattern.search(product_name.upper()):
             return family
     return "other"
 
+
+_cached_family = lru_cache(maxsize=1024)(_family)
 
 _MIG_PROFILE = re.compile(r"^(\d+)g\.\d+gb")
 _GPU_MINOR = re.compile(r"^gpu-(\d+)(?:-|$)")
@@ -393,13 +404,42 @@ def mig_compute_slices(profile: str) -> int:
     return int(match.group(1)) if match else 0
 
 
+_ATTRIBUTE_TYPES = ("string", "version", "int", "bool", "strings", "versions", "ints", "bools")
+_ATTRIBUTE_TYPE_SET = frozenset(_ATTRIBUTE_TYPES)
+_MISSING = object()
+
+
 def _attribute_value(r: _Reader, value: Any, path: str) -> Any:
     """A DeviceAttribute holds exactly one typed value (string/int/bool/version, or list forms)."""
     data = r.mapping(value, path, required=True)
-    for key in ("string", "version", "int", "bool", "strings", "versions", "ints", "bools"):
+    for key in _ATTRIBUTE_TYPES:
         if key in data:
             return data[key]
     raise r.fail(path, "attribute without a value")
+
+
+def _attributes(r: _Reader, value: Any, path: str) -> dict[str, Any]:
+    """A device's attributes as plain values. The usual shape (one typed value per attribute) takes a
+    fast path: this runs for every attribute of every device, a million times for a large fleet."""
+    out: dict[str, Any] = {}
+    for key, item in r.mapping(value, path).items():
+        if type(item) is dict and len(item) == 1:
+            ((typ, plain),) = item.items()
+            if typ in _ATTRIBUTE_TYPE_SET:
+                out[key] = plain
+                continue
+        out[key] = _attribute_value(r, item, f"{path}.{key}")
+    return out
+
+
+def _memory_bytes(quantity: str | int) -> int | None:
+    # A fleet publishes a few distinct memory sizes, on 100,000 devices.
+    if isinstance(quantity, str) and len(quantity) > CACHED_LENGTH:
+        return quantity_bytes(quantity)
+    return _cached_quantity_bytes(quantity)
+
+
+_cached_quantity_bytes = lru_cache(maxsize=4096, typed=True)(quantity_bytes)  # typed: True is not 1
 
 
 def _device(
@@ -409,9 +449,7 @@ def _device(
     # v1beta1 wraps the device's fields in "basic".
     body = r.mapping(dev.get("basic"), f"{path}.basic") if "basic" in dev else dev
     name = r.string(dev.get("name"), f"{path}.name", required=True, max_len=63)
-    attributes: dict[str, Any] = {}
-    for key, value in r.mapping(body.get("attributes"), f"{path}.attributes").items():
-        attributes[key] = _attribute_value(r, value, f"{path}.attributes.{key}")
+    attributes = _attributes(r, body.get("attributes"), f"{path}.attributes")
     capacity: dict[str, Any] = {}
     for key, value in r.mapping(body.get("capacity"), f"{path}.capacity").items():
         if isinstance(value, dict):  # v1: {"value": "80Gi", ...}
@@ -422,7 +460,9 @@ def _device(
             raise r.fail(f"{path}.capacity.{key}", "expected a quantity")
 
     def attr(short: str) -> str:
-        value = attributes.get(short, attributes.get(f"{driver}/{short}", ""))
+        value = attributes.get(short, _MISSING)
+        if value is _MISSING:
+            value = attributes.get(f"{driver}/{short}", "")
         return value if isinstance(value, str) else str(value)
 
     kind = attr("type") or "other"
@@ -451,7 +491,7 @@ def _device(
         compute_slices=mig_compute_slices(profile)
         if kind == "mig"
         else (FULL_GPU_SLICES if kind == "gpu" else 0),
-        memory_bytes=quantity_bytes(memory) if isinstance(memory, str | int) else None,
+        memory_bytes=_memory_bytes(memory) if isinstance(memory, str | int) else None,
         taints=taints,
         counters_consumed=[r.mapping(c, f"{path}.consumesCounters") for c in counters],
         attributes=attributes,
@@ -552,15 +592,42 @@ def _request(r: _Reader, value: Any, path: str, sub: bool = False) -> RequestRec
         selectors=_selectors(r, body.get("selectors"), f"{path}.selectors"),
         allocation_mode=r.string(body.get("allocationMode"), f"{path}.allocationMode", max_len=32)
         or "ExactCount",
-        count=r.integer(body.get("count"), f"{path}.count", default=1, minimum=0),
+        count=_count(r, body.get("count"), f"{path}.count"),
         admin_access=r.boolean(body.get("adminAccess"), f"{path}.adminAccess"),
         tolerations=[
-            r.mapping(t, f"{path}.tolerations[{i}]")
+            r.mapping(t, f"{path}.tolerations[{i}]", required=True)
             for i, t in enumerate(r.seq(body.get("tolerations"), f"{path}.tolerations"))
         ],
-        capacity=r.string_map(capacity.get("requests"), f"{path}.capacity.requests"),
+        capacity=_quantities(r, capacity.get("requests"), f"{path}.capacity.requests"),
         alternatives=alternatives,
     )
+
+
+def _quantities(r: _Reader, value: Any, path: str) -> dict[str, str]:
+    """A map of Kubernetes quantities, as strings. YAML written by hand may give a plain number
+    (``memory: 40``), which the API server accepts too."""
+    out = {}
+    for key, item in r.mapping(value, path).items():
+        if isinstance(item, int) and not isinstance(item, bool) and -INT64_MAX - 1 <= item <= INT64_MAX:
+            item = str(item)
+        if not isinstance(item, str):
+            raise r.fail(f"{path}.{key}", "expected a quantity such as 40Gi")
+        try:
+            parse_quantity(item)
+        except QuantityError:
+            raise r.fail(f"{path}.{key}", f"not a quantity: {item[:40]!r}") from None
+        out[str(key)] = item
+    return out
+
+
+INT64_MAX = 2**63 - 1
+
+
+def _count(r: _Reader, value: Any, path: str) -> int:
+    count = r.integer(value, path, default=1, minimum=0)
+    if count > INT64_MAX:  # an int64 for the API server
+        raise r.fail(path, f"must be <= {INT64_MAX}")
+    return count
 
 
 def _claim_spec(r: _Reader, value: Any, path: str) -> ClaimSpec:
@@ -571,10 +638,111 @@ def _claim_spec(r: _Reader, value: Any, path: str) -> ClaimSpec:
         for i, req in enumerate(r.seq(devices.get("requests"), f"{path}.devices.requests"))
     ]
     constraints = [
-        r.mapping(c, f"{path}.devices.constraints[{i}]")
+        _constraint(r, c, f"{path}.devices.constraints[{i}]")
         for i, c in enumerate(r.seq(devices.get("constraints"), f"{path}.devices.constraints"))
     ]
     return ClaimSpec(requests=requests, constraints=constraints)
+
+
+def _constraint(r: _Reader, value: Any, path: str) -> dict[str, Any]:
+    """A DeviceConstraint, kept as given once the fields that lint and diagnosis read are checked."""
+    constraint = r.mapping(value, path, required=True)  # a null list item is no constraint
+    for i, request in enumerate(r.seq(constraint.get("requests"), f"{path}.requests")):
+        r.string(request, f"{path}.requests[{i}]", max_len=127)
+    for key in ("matchAttribute", "distinctAttribute"):
+        r.string(constraint.get(key), f"{path}.{key}", max_len=253)
+    return constraint
+
+
+# A DNS-1123 label: what the API server accepts as a namespace.
+_NAMESPACE = re.compile(r"^[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?$")
+CLAIM_KINDS = ("ResourceClaim", "ResourceClaimTemplate")
+
+
+MAX_PASTED_DEPTH = 64  # a real claim nests about 10 levels; opaque driver parameters a few more
+
+
+def _without_nulls(value: Any, r: _Reader) -> Any:
+    """A copy of ``value`` without the null entries of its objects. Iterative, not recursive: a pasted
+    text may nest as deep as the parser allows, deeper than the recursion limit leaves room for; nesting
+    beyond MAX_PASTED_DEPTH is refused (diagnosis copies the claim recursively)."""
+    if not isinstance(value, dict | list):
+        return value
+    top: Any = {} if isinstance(value, dict) else []
+    stack: list[tuple[Any, Any, str, int]] = [(value, top, "", 1)]
+    while stack:
+        source, target, path, depth = stack.pop()
+        if depth > MAX_PASTED_DEPTH:
+            raise r.fail(path, f"nested deeper than {MAX_PASTED_DEPTH} levels")
+        items = source.items() if isinstance(source, dict) else enumerate(source)
+        for key, item in items:
+            if item is None and isinstance(source, dict):
+                continue
+            copied = {} if isinstance(item, dict) else [] if isinstance(item, list) else item
+            if isinstance(target, dict):
+                target[key] = copied
+            else:
+                target.append(copied)
+            if copied is not item:
+                where = (
+                    f"{path}[{key}]" if isinstance(source, list) else f"{path}.{key}" if path else str(key)
+                )
+                stack.append((item, copied, where, depth + 1))
+    return top
+
+
+def clean_pasted_claim(obj: Any) -> dict[str, Any]:
+    """A ResourceClaim or ResourceClaimTemplate that did not come from an API server (pasted into "Will it
+    fit?", posted to ``/api/v1/whatif``), as lint and diagnosis may read it: a copy without null fields
+    (the API server reads ``count: null`` as no count at all), checked by :func:`check_claim_object`.
+    Raises NormalizeError naming the field."""
+    kind = obj.get("kind") if isinstance(obj, dict) else None
+    cleaned = _without_nulls(obj, _Reader(_describe(obj, kind if isinstance(kind, str) else "object")))
+    check_claim_object(cleaned)
+    return cast(dict[str, Any], cleaned)  # check_claim_object refuses anything but an object
+
+
+def check_claim_object(obj: Any) -> ClaimSpec:
+    """The spec of a ResourceClaim or ResourceClaimTemplate that did not come from an API server, checked
+    for every shape lint and diagnosis read.
+
+    Unlike :func:`normalize`, metadata may be missing or partial: a claim being written has no uid or
+    resourceVersion yet. Raises NormalizeError naming the field, e.g. field ``spec.devices.requests[1]``,
+    problem "expected an object, got int".
+    """
+    kind = obj.get("kind") if isinstance(obj, dict) else None
+    r = _Reader(_describe(obj, kind if isinstance(kind, str) else "object"))
+    if not isinstance(obj, dict):
+        raise r.fail("", "expected an object")
+    if kind not in CLAIM_KINDS:
+        raise r.fail("kind", f"expected one of {', '.join(CLAIM_KINDS)}")
+    md = r.mapping(obj.get("metadata"), "metadata")
+    r.string(md.get("name"), "metadata.name", max_len=253)
+    r.string(md.get("uid"), "metadata.uid", max_len=128)
+    namespace = r.string(md.get("namespace"), "metadata.namespace", max_len=63)
+    if namespace and not _NAMESPACE.match(namespace):
+        raise r.fail("metadata.namespace", "not a DNS label (lower case letters, digits and '-')")
+    if kind == "ResourceClaimTemplate":
+        outer = r.mapping(obj.get("spec"), "spec", required=True)
+        inner = r.mapping(outer.get("spec"), "spec.spec", required=True)
+        return _some_request(r, _claim_spec(r, inner, "spec.spec"), "spec.spec")
+    # A pasted claim may carry the status it had in a cluster: diagnosis counts its allocated devices.
+    status = r.mapping(obj.get("status"), "status")
+    allocation = r.mapping(status.get("allocation"), "status.allocation")
+    devices = r.mapping(allocation.get("devices"), "status.allocation.devices")
+    path = "status.allocation.devices.results"
+    for i, result in enumerate(r.seq(devices.get("results"), path)):
+        r.mapping(result, f"{path}[{i}]")
+    spec = r.mapping(obj.get("spec"), "spec", required=True)
+    return _some_request(r, _claim_spec(r, spec, "spec"), "spec")
+
+
+def _some_request(r: _Reader, spec: ClaimSpec, path: str) -> ClaimSpec:
+    # The API server takes a claim without requests (it allocates nothing); asking whether one fits is
+    # a mistake worth naming, and diagnosis has nothing to explain for it.
+    if not spec.requests:
+        raise r.fail(f"{path}.devices.requests", "no request: the claim asks for no device")
+    return spec
 
 
 def _node_from_selector(selector: dict[str, Any]) -> str:

@@ -78,17 +78,38 @@ class TestOnTheFixtureFleet:
         body = api.get("/api/v1/summary/", {"cluster": "nope"}).json()
         assert body["clusters"] == [] and body["total"]["devices"] == 0
 
-    def test_summary_follows_ingest_through_its_cache(self, api):
+    def test_summary_follows_ingest_through_a_warm_task_never_computed_on_the_request(self, api, monkeypatch):
         from claims.models import ResourceClaim
-        from fleet import ingest
+        from fleet import api_selectors, ingest, tasks_summary
         from fleet.models import Cluster
         from fleet.normalize import normalize
 
-        before = api.get("/api/v1/summary/").json()["total"]["allocated"]
+        enqueued: list[int] = []
+        monkeypatch.setattr(tasks_summary.warm_summary, "apply_async", lambda **kw: enqueued.append(1))
+        before = api.get("/api/v1/summary/").json()["total"]["allocated"]  # the first one ever: computed
         claim = ResourceClaim.objects.get(namespace="ml-train", name="notebook-alice-gpu")
         change = ingest.Change("delete", normalize("ResourceClaim", claim.raw))
         ingest.apply_batch(Cluster.objects.get(name="fixtures"), "ResourceClaim", [change])
+        assert enqueued  # ingest's change listener asked for a refresh
+
+        def not_on_the_request_path() -> None:
+            raise AssertionError("the summary was computed on a request")
+
+        monkeypatch.setattr(api_selectors, "compute_summary", not_on_the_request_path)
+        # Until the refresh ran: the previous summary.
+        assert api.get("/api/v1/summary/").json()["total"]["allocated"] == before
+        monkeypatch.undo()
+        tasks_summary.warm_summary()  # what the Celery worker runs
+        monkeypatch.setattr(api_selectors, "compute_summary", not_on_the_request_path)
         assert api.get("/api/v1/summary/").json()["total"]["allocated"] == before - 1
+
+    def test_a_clusters_summary_is_its_part_of_the_whole(self, api):
+        from fleet import api_selectors
+        from fleet.models import Cluster
+
+        cid = Cluster.objects.get(name="fixtures").pk
+        body = api.get("/api/v1/summary/", {"cluster": "fixtures"}).json()
+        assert body == api_selectors.compute_summary(cid)
 
     def test_claims_by_state(self, api):
         claims = all_rows(api, "/api/v1/claims/")

@@ -323,3 +323,36 @@ def test_huge_quantity_exponents_are_refused_quickly():
 
     with pytest.raises(QuantityError, match="out of range"):
         parse_quantity("1e999999999")
+
+
+def test_device_attributes_read_the_same_on_the_fast_path_and_the_general_one():
+    (slice_obj,) = nvidia.node_slices("node-a", "H100", mode="full", gpus=1)
+    obj = _with_meta(slice_obj)
+    device = obj["spec"]["devices"][0]
+    device["attributes"].update(
+        {
+            "both": {"version": "1.2.3", "string": "wins"},  # two values: the first in the type order
+            "list": {"strings": ["a", "b"]},
+            "number": {"int": 3},
+        }
+    )
+    (record,) = normalize_slice(obj).devices
+    assert record.attributes["both"] == "wins"
+    assert record.attributes["list"] == ["a", "b"] and record.attributes["number"] == 3
+    assert record.attributes["productName"] == "NVIDIA H100 80GB HBM3" and record.model == "H100"
+    device["attributes"]["odd"] = {"float": 1.5}
+    with pytest.raises(NormalizeError, match=r"spec\.devices\[0\]\.attributes\.odd"):
+        normalize_slice(obj)
+    device["attributes"]["odd"] = "not an object"
+    with pytest.raises(NormalizeError, match=r"spec\.devices\[0\]\.attributes\.odd"):
+        normalize_slice(obj)
+
+
+def test_memory_quantities_are_read_per_value_type():
+    (slice_obj,) = nvidia.node_slices("node-a", "H100", mode="full", gpus=2)
+    obj = _with_meta(slice_obj)
+    first, second = obj["spec"]["devices"]
+    first["capacity"]["memory"] = {"value": "1"}
+    second["capacity"]["memory"] = {"value": True}  # not a quantity: no memory, even though True == 1
+    a, b = normalize_slice(obj).devices
+    assert (a.memory_bytes, b.memory_bytes) == (1, None)

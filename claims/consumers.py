@@ -1,0 +1,110 @@
+"""The ``/ws/pending/`` consumer: tells a logged-in pending page that its rows may have changed.
+
+Two sources: ingest's fleet changes (claims and pods created, allocated, deleted) and the diagnosis task
+(``notify_pending_changed`` after it stored new diagnoses). A message carries no claim data at all, only a
+version number and the cluster names: the page refetches its rows over HTTP, where the user's namespace
+visibility applies. So nothing a user may not see ever crosses the socket, and a lost message only delays
+an update. Authentication and the origin check come from the ASGI stack (``dashboard/asgi.py``), and the
+socket closes when its login session ends (``dashboard.security.SessionBoundConsumer``), as for
+``/ws/fleet/``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from asgiref.sync import async_to_sync
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from channels.layers import get_channel_layer
+from django.conf import settings
+
+from claims.selectors import QueryError, parse_pending_query
+from dashboard.security import BAD_QUERY, SESSION_ENDED, SessionBoundConsumer
+
+log = logging.getLogger(__name__)
+PENDING_GROUP = "claims-pending"
+BAD_REQUEST = BAD_QUERY  # 4400: a bad query-string parameter
+UNAUTHORIZED = SESSION_ENDED  # 4401: not logged in, or the session ended (logout)
+BATCH_SECONDS = 0.5  # changes inside this window coalesce into one message
+# Kinds whose ingest changes can add, remove or re-diagnose a pending row.
+RELEVANT_KINDS = frozenset({"ResourceClaim", "Pod", "ResourceClaimTemplate", "Event"})
+
+
+class PendingConsumer(SessionBoundConsumer, AsyncJsonWebsocketConsumer):
+    """Sends ``{"type": "changed", "version": n, "clusters": [...]}`` when pending rows may have changed."""
+
+    cluster = ""
+    version = 0
+    dirty: set[str]
+    flusher: asyncio.Task[None] | None = None
+
+    async def connect(self) -> None:
+        query = await self.open_with(parse_pending_query, (QueryError,))
+        if query is None:
+            return
+        self.cluster = query.cluster
+        self.dirty = set()
+        await self.join_session_group()
+        await self.channel_layer.group_add(settings.CLAIMSCOPE_INGEST_GROUP, self.channel_name)
+        await self.channel_layer.group_add(PENDING_GROUP, self.channel_name)
+        await self.accept()
+        self.version = 1
+        await self.send_json({"type": "hello", "version": self.version})
+
+    async def disconnect(self, code: int) -> None:
+        if self.flusher is not None:
+            self.flusher.cancel()
+        await self.leave_session_group()
+        if hasattr(self, "dirty"):
+            await self.channel_layer.group_discard(settings.CLAIMSCOPE_INGEST_GROUP, self.channel_name)
+            await self.channel_layer.group_discard(PENDING_GROUP, self.channel_name)
+
+    async def fleet_change(self, event: dict[str, Any]) -> None:
+        if event.get("kind") in RELEVANT_KINDS:
+            self._mark(str(event.get("cluster", "")))
+
+    async def pending_change(self, event: dict[str, Any]) -> None:
+        self._mark(str(event.get("cluster", "")))
+
+    def _mark(self, cluster: str) -> None:
+        if self.cluster and cluster != self.cluster:
+            return
+        self.dirty.add(cluster)
+        if self.flusher is None:
+            self.flusher = asyncio.ensure_future(self._flush_later())
+
+    async def _flush_later(self) -> None:
+        try:
+            await asyncio.sleep(BATCH_SECONDS)
+        finally:
+            self.flusher = None
+        clusters, self.dirty = sorted(self.dirty), set()
+        self.version += 1
+        await self.send_json({"type": "changed", "version": self.version, "clusters": clusters})
+
+
+def notify_pending_changed(cluster: str) -> None:
+    """Tell open pending pages that the diagnoses of ``cluster`` changed. Never raises: the database is the
+    truth and a lost notification only delays a page update."""
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    event = {"type": "pending.change", "cluster": cluster}
+    try:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if loop is not None:
+            task = loop.create_task(layer.group_send(PENDING_GROUP, event))
+            _sending.add(task)
+            task.add_done_callback(_sending.discard)
+        else:
+            async_to_sync(layer.group_send)(PENDING_GROUP, event)
+    except Exception:
+        log.exception("could not notify pending pages of %s", cluster)
+
+
+_sending: set[asyncio.Task[None]] = set()  # keeps scheduled sends alive until done

@@ -1,0 +1,358 @@
+"""Read queries behind the pending page, the claim diagnosis page and the pending websocket.
+
+Everything here is filtered by a :class:`~dashboard.visibility.Visibility`: rows of namespaces the user may
+not see are never loaded, and diagnosis texts that name foreign claims (holders) are redacted. The query
+string of the pending page is parsed here too (:func:`parse_pending_query`), so the page, its live
+fragment and the tests share one reading of it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+from urllib.parse import urlencode
+
+from django.db.models import Q
+from django.utils import timezone
+
+from claims.causes import Pending, cause_of
+from claims.diagnosis import diagnose
+from claims.fleetstate import FleetState
+from claims.models import ClaimDiagnosis, Pod, ResourceClaim, ResourceClaimTemplate, SchedulingEvent
+from dashboard.visibility import Visibility, redact_diagnosis
+from fleet.models import Cluster
+
+SORTS = ("age", "-age", "namespace", "cluster", "name")
+_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+_CAUSE = re.compile(r"^[a-z-]{1,32}(-[0-9a-f]{10})?$")
+_AGE = re.compile(r"^(\d{1,6})([mhd])$")
+_AGE_UNITS = {"m": "minutes", "h": "hours", "d": "days"}
+PARAMETERS = ("cluster", "namespace", "cause", "min_age", "max_age", "sort", "group")
+
+
+class QueryError(ValueError):
+    """A pending-page parameter has a value we cannot use."""
+
+    def __init__(self, parameter: str, problem: str) -> None:
+        super().__init__(f"{parameter}: {problem}")
+        self.parameter = parameter
+
+
+@dataclass(frozen=True)
+class PendingQuery:
+    """The pending page's filters and ordering, as in its query string (every view is a permalink).
+
+    ``cause`` is a group key (``capacity-3f9a…``) or a bare category (``capacity``); ages are like
+    ``30m``, ``6h``, ``2d``; ``group`` is ``cause`` (rows under their cause) or ``none`` (one table)."""
+
+    cluster: str = ""
+    namespace: str = ""
+    cause: str = ""
+    min_age: str = ""
+    max_age: str = ""
+    sort: str = "age"
+    group: str = "cause"
+
+    def query(self, **override: str) -> str:
+        """The permalink query string (without "?"); defaults are left out."""
+        values = {p: getattr(self, p) for p in PARAMETERS} | override
+        defaults = PendingQuery()
+        return urlencode([(k, v) for k, v in values.items() if v and v != getattr(defaults, k)])
+
+    def age_bounds(self) -> tuple[timedelta | None, timedelta | None]:
+        return _age(self.min_age), _age(self.max_age)
+
+    def keeps(self, item: Pending, now: datetime) -> bool:
+        """Whether ``item`` passes the cause and age filters (cluster and namespace are applied in SQL)."""
+        if self.cause:
+            cause = cause_of(item)
+            if self.cause not in (cause.key, cause.category):
+                return False
+        low, high = self.age_bounds()
+        age = now - item.since
+        return (low is None or age >= low) and (high is None or age <= high)
+
+
+def _age(text: str) -> timedelta | None:
+    found = _AGE.match(text)
+    if not found:
+        return None
+    return timedelta(**{_AGE_UNITS[found.group(2)]: int(found.group(1))})
+
+
+def parse_pending_query(params: Mapping[str, str]) -> PendingQuery:
+    """Read the pending page's parameters; unknown ones are ignored, a bad value raises QueryError."""
+    values = {p: (params.get(p) or "").strip() for p in PARAMETERS}
+    for name in ("cluster", "namespace"):
+        if values[name] and not _NAME.match(values[name]):
+            raise QueryError(name, f"{values[name][:80]!r} is not a valid name")
+    if values["cause"] and not _CAUSE.match(values["cause"]):
+        raise QueryError("cause", f"{values['cause'][:80]!r} is not a cause key or category")
+    for name in ("min_age", "max_age"):
+        if values[name] and not _AGE.match(values[name]):
+            raise QueryError(name, f"{values[name][:80]!r} is not an age like 30m, 6h or 2d")
+    if values["sort"] and values["sort"] not in SORTS:
+        raise QueryError("sort", f"{values['sort'][:80]!r} is not one of {', '.join(SORTS)}")
+    if values["group"] and values["group"] not in ("cause", "none"):
+        raise QueryError("group", f"{values['group'][:80]!r} is not cause or none")
+    return PendingQuery(**{k: v for k, v in values.items() if v})
+
+
+def sort_items(items: Iterable[Pending], sort: str) -> list[Pending]:
+    """Rows in the requested order; ties broken by age (oldest first), then by name."""
+    ordered = sorted(items, key=lambda i: (i.since, i.cluster, i.namespace, i.name))
+    if sort == "-age":
+        return ordered[::-1]
+    if sort == "namespace":
+        return sorted(ordered, key=lambda i: i.namespace)
+    if sort == "cluster":
+        return sorted(ordered, key=lambda i: i.cluster)
+    if sort == "name":
+        return sorted(ordered, key=lambda i: (i.namespace, i.name))
+    return ordered
+
+
+# ---------------------------------------------------------------------------------------- pending rows
+
+
+def _pod_claim_names(pod: Pod) -> tuple[set[str], bool]:
+    """(names of the claims the pod uses, whether some reference has no claim yet)."""
+    statuses = {s.get("name"): s.get("resourceClaimName") for s in pod.claim_statuses or []}
+    names: set[str] = set()
+    missing = False
+    for ref in pod.claim_refs or []:
+        name = ref.get("resourceClaimName") or statuses.get(ref.get("name"))
+        if name:
+            names.add(str(name))
+        else:
+            missing = True
+    return names, missing
+
+
+def pending_items(vis: Visibility, cluster: str = "", namespace: str = "") -> list[Pending]:
+    """Every visible pending claim, and every visible pod waiting for a claim that was never created.
+
+    Pods waiting for a pending claim are listed on that claim's row (``Pending.pods``). Diagnoses are the
+    stored ones (``None`` until the task ran), redacted for ``vis``. Three queries, one more when a waiting
+    pod's claims are not pending, three more when some pod's claim is missing."""
+    scope = Q(cluster__name=cluster) if cluster else Q()
+    if namespace:
+        scope &= Q(namespace=namespace)
+    claims = list(
+        ResourceClaim.objects.filter(vis.q(), scope, state="pending", deleted_at__isnull=True)
+        .select_related("cluster")
+        .only("id", "cluster__name", "namespace", "name", "created_at", "synced_at")
+    )
+    diagnoses = dict(
+        ClaimDiagnosis.objects.filter(claim_id__in=[c.pk for c in claims]).values_list("claim_id", "result")
+    )
+    waiting = list(
+        Pod.objects.filter(vis.q(), scope, node_name="")
+        .exclude(claim_refs=[])
+        .exclude(phase__in=("Succeeded", "Failed"))
+        .select_related("cluster")
+        .only(
+            "id",
+            "uid",
+            "cluster__name",
+            "namespace",
+            "name",
+            "created_at",
+            "synced_at",
+            "claim_refs",
+            "claim_statuses",
+            "raw",
+        )
+    )
+    pods_of: dict[tuple[str, str, str], list[str]] = {}
+    pending_names = {(c.cluster.name, c.namespace, c.name) for c in claims}
+    unsure: list[tuple[Pod, set[str]]] = []  # pods whose claims are neither pending nor surely missing
+    orphans: list[Pod] = []
+    for pod in waiting:
+        names, missing = _pod_claim_names(pod)
+        for name in names:
+            if (pod.cluster.name, pod.namespace, name) in pending_names:
+                pods_of.setdefault((pod.cluster.name, pod.namespace, name), []).append(pod.name)
+        if missing:
+            orphans.append(pod)
+        elif not any((pod.cluster.name, pod.namespace, n) in pending_names for n in names):
+            unsure.append((pod, names))
+    orphans += _missing_claims(unsure)
+    items = [
+        Pending(
+            cluster=c.cluster.name,
+            namespace=c.namespace,
+            name=c.name,
+            since=c.created_at or c.synced_at,
+            result=_redacted(diagnoses.get(c.pk), vis, c.cluster.name),
+            kind="claim",
+            pods=tuple(sorted(pods_of.get((c.cluster.name, c.namespace, c.name), []))),
+            ref=c.pk,
+        )
+        for c in claims
+    ]
+    items += _orphan_items(orphans, vis)
+    return items
+
+
+def _missing_claims(pods: list[tuple[Pod, set[str]]]) -> list[Pod]:
+    """The pods naming a claim that does not exist (one query). A pod whose claims all exist and are
+    allocated waits for something else than a claim: it is not listed."""
+    if not pods:
+        return []
+    wanted = Q()
+    for pod, names in pods:
+        wanted |= Q(cluster_id=pod.cluster_id, namespace=pod.namespace, name__in=sorted(names))
+    found = set(
+        ResourceClaim.objects.filter(wanted, deleted_at__isnull=True).values_list(
+            "cluster_id", "namespace", "name"
+        )
+    )
+    return [p for p, names in pods if any((p.cluster_id, p.namespace, n) not in found for n in names)]
+
+
+def _redacted(result: Any, vis: Visibility, cluster: str) -> dict[str, Any] | None:
+    if not isinstance(result, dict):
+        return None
+    return dict(redact_diagnosis(result, vis, cluster))
+
+
+def _orphan_items(pods: list[Pod], vis: Visibility) -> list[Pending]:
+    """Pods whose claim was never created, diagnosed now: the engine's not-created path only needs the pod,
+    its events, the namespace's templates and the pod's other claims, so a tiny fleet state is enough (no
+    devices). Three queries."""
+    if not pods:
+        return []
+    events: dict[str, list[dict[str, Any]]] = {}
+    for uid, raw in SchedulingEvent.objects.filter(involved_uid__in=[p.uid for p in pods]).values_list(
+        "involved_uid", "raw"
+    ):
+        events.setdefault(uid, []).append({**raw, "kind": "Event"})
+    wanted = Q()
+    for p in pods:
+        wanted |= Q(cluster_id=p.cluster_id, namespace=p.namespace)
+    templates: dict[tuple[int, str], list[dict[str, Any]]] = {}
+    for cluster_id, namespace, raw in ResourceClaimTemplate.objects.filter(wanted).values_list(
+        "cluster_id", "namespace", "raw"
+    ):
+        templates.setdefault((cluster_id, namespace), []).append({**raw, "kind": "ResourceClaimTemplate"})
+    # The claims these pods do have: the engine walks a pod's references in order and stops at the first
+    # missing one, so an existing claim must be found for it to reach the missing one.
+    existing: dict[tuple[int, str], list[dict[str, Any]]] = {}
+    named = Q()
+    for p in pods:
+        named |= Q(cluster_id=p.cluster_id, namespace=p.namespace, name__in=sorted(_pod_claim_names(p)[0]))
+    for cluster_id, namespace, raw in ResourceClaim.objects.filter(named).values_list(
+        "cluster_id", "namespace", "raw"
+    ):
+        existing.setdefault((cluster_id, namespace), []).append({**raw, "kind": "ResourceClaim"})
+    out = []
+    for pod in pods:
+        raw = {**pod.raw, "kind": "Pod"}
+        where = (pod.cluster_id, pod.namespace)
+        objs = [raw, *events.get(pod.uid, []), *templates.get(where, []), *existing.get(where, [])]
+        state = FleetState.from_objects(objs, cluster=pod.cluster.name)
+        result = diagnose(state, raw).as_dict()
+        out.append(
+            Pending(
+                cluster=pod.cluster.name,
+                namespace=pod.namespace,
+                name=pod.name,
+                since=pod.created_at or pod.synced_at,
+                result=_redacted(result, vis, pod.cluster.name),
+                kind="pod",
+                pods=(pod.name,),
+                ref=pod.pk,
+            )
+        )
+    return out
+
+
+def with_age(items: list[Pending], query: PendingQuery, now: datetime | None = None) -> list[Pending]:
+    """``items`` passing the query's cause and age filters."""
+    now = now or timezone.now()
+    return [i for i in items if query.keeps(i, now)]
+
+
+def cluster_names() -> list[str]:
+    return list(Cluster.objects.order_by("name").values_list("name", flat=True))
+
+
+def visible_namespaces(vis: Visibility, cluster: str = "") -> list[str]:
+    """Namespaces with a pending claim or a waiting pod that ``vis`` allows (the filter's choices)."""
+    scope = Q(cluster__name=cluster) if cluster else Q()
+    claims = ResourceClaim.objects.filter(vis.q(), scope, state="pending").values_list("namespace", flat=True)
+    pods = (
+        Pod.objects.filter(vis.q(), scope, node_name="")
+        .exclude(claim_refs=[])
+        .values_list("namespace", flat=True)
+    )
+    return sorted(set(claims.distinct()) | set(pods.distinct()))
+
+
+# ------------------------------------------------------------------------------------- one claim's page
+
+
+@dataclass
+class ClaimDiagnosisPage:
+    """What the claim diagnosis page shows: the claim, our diagnosis, and the scheduler's own words."""
+
+    cluster: Cluster
+    claim: ResourceClaim
+    result: dict[str, Any] | None
+    computed_at: datetime | None
+    stored: bool
+    pods: list[Pod]
+    events: list[SchedulingEvent]
+
+
+def claim_for_diagnosis(vis: Visibility, cluster: str, namespace: str, name: str) -> ResourceClaim | None:
+    """The claim, or None when it does not exist *or* ``vis`` hides its namespace (callers answer 404)."""
+    if not vis.allows(cluster, namespace):
+        return None
+    return (
+        ResourceClaim.objects.filter(cluster__name=cluster, namespace=namespace, name=name)
+        .select_related("cluster")
+        .first()
+    )
+
+
+def diagnosis_page(vis: Visibility, claim: ResourceClaim) -> ClaimDiagnosisPage:
+    """The stored diagnosis (computed now, not stored, when a pending claim has none yet: the task owns the
+    table), the claim's pods and their scheduling events, newest first."""
+    cluster = claim.cluster
+    stored = ClaimDiagnosis.objects.filter(claim=claim).first()
+    result: dict[str, Any] | None
+    if stored is not None:
+        result, computed_at = stored.result, stored.computed_at
+    elif claim.state == "pending":
+        result = diagnose(FleetState.from_db(cluster.name), {**claim.raw, "kind": "ResourceClaim"}).as_dict()
+        computed_at = timezone.now()
+    else:
+        result, computed_at = None, None
+    pods = list(
+        Pod.objects.filter(vis.q(), cluster=cluster, namespace=claim.namespace)
+        .filter(
+            Q(claim_statuses__contains=[{"resourceClaimName": claim.name}])
+            | Q(claim_refs__contains=[{"resourceClaimName": claim.name}])
+        )
+        .order_by("name")
+    )
+    uids = [claim.uid, *(p.uid for p in pods)]
+    events = list(
+        SchedulingEvent.objects.filter(vis.q(), cluster=cluster, involved_uid__in=uids).order_by("-last_at")[
+            :50
+        ]
+    )
+    return ClaimDiagnosisPage(
+        cluster=cluster,
+        claim=claim,
+        result=_redacted(result, vis, cluster.name),
+        computed_at=computed_at,
+        stored=stored is not None,
+        pods=pods,
+        events=events,
+    )

@@ -1,0 +1,309 @@
+"""The pending page and the claim diagnosis page on the diagnosed monday weekend (real PostgreSQL)."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from html import unescape
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.db import connection
+from django.test import Client
+from django.test.utils import CaptureQueriesContext
+
+from claims.models import ClaimDiagnosis, NamespaceGrant, ResourceClaim
+from fleet import ingest
+from fleet.models import Cluster
+from fleet.normalize import normalize
+from fleet.simulator import nvidia
+from tests.pending.conftest import PASSWORD
+from tests.pending.scenario import BIG_WANT, expected_monday
+
+URL = "/claims/pending/"
+
+
+def groups_shown(html: str) -> list[tuple[str, int]]:
+    """(category, count) of every cause section on the page."""
+    return [
+        (cat, int(n))
+        for n, cat in re.findall(
+            r'<section class="cause" data-cause="[^"]+" data-count="(\d+)">'
+            r'.*?<span class="cat cat-([a-z-]+)">',
+            html,
+            re.S,
+        )
+    ]
+
+
+def found(pattern: str, text: str, group: int = 0) -> str:
+    match = re.search(pattern, text, re.S)
+    assert match is not None, f"{pattern!r} not on the page"
+    return match.group(group)
+
+
+def rows_shown(html: str) -> list[str]:
+    return re.findall(r'<tr class="row" data-kind="\w+" data-name="([^"]+)"', html)
+
+
+def test_the_page_groups_the_weekend_by_the_causes_the_scenario_constructed(signed_in, monday):
+    expected = expected_monday()
+    response = signed_in.get(URL)
+    assert response.status_code == 200
+    html = unescape(response.content.decode())
+    assert Counter(groups_shown(html)) == Counter(expected.groups)
+    assert (
+        f"{expected.big_pending} want {BIG_WANT}: only B200, B300 match, all {expected.big_devices} held"
+        in html
+    )
+    assert (
+        f"{expected.one_g_pending} want H100 1g.10gb: none free, {expected.idle_three_g} 3g.40gb slices idle"
+        in html
+    )
+    assert len(rows_shown(html)) == sum(n for _, n in expected.groups)
+
+
+def test_rows_show_age_humanized_with_the_exact_time_on_hover_and_link_to_the_diagnosis(signed_in, monday):
+    claim = ResourceClaim.objects.filter(state="pending").order_by("created_at")[0]
+    html = signed_in.get(URL).content.decode()
+    row = found(rf'data-name="{claim.namespace}/{claim.name}".*?</tr>', html)
+    assert f'href="/claims/c/sim/{claim.namespace}/{claim.name}/diagnosis/"' in row
+    assert re.search(r'<time datetime="[^"]+" title="since [0-9-]+ [0-9:]+ UTC">\d+d \d+h</time>', row)
+    assert claim.diagnosis.summary in row
+
+
+def test_filters_by_namespace_cause_and_age_are_permalinks(signed_in, monday):
+    expected = expected_monday()
+    html = signed_in.get(URL, {"namespace": "inference"}).content.decode()
+    assert len(rows_shown(html)) == expected.namespaces["inference"]
+    assert all(name.startswith("inference/") for name in rows_shown(html))
+
+    html = signed_in.get(URL, {"cause": "cel-error"}).content.decode()  # a bare category
+    assert Counter(c for c, _ in groups_shown(html)) == Counter(
+        c for c, _ in expected.groups if c == "cel-error"
+    )
+    key = found(r'data-cause="(capacity-[0-9a-f]{10})"', html, 1)  # from the cause table
+    html = signed_in.get(URL, {"cause": key}).content.decode()
+    assert groups_shown(html) == [("capacity", expected.big_pending)]
+
+    assert rows_shown(signed_in.get(URL, {"min_age": "1d"}).content.decode())  # pending since March
+    assert rows_shown(signed_in.get(URL, {"max_age": "1d"}).content.decode()) == []
+    html = signed_in.get(URL, {"cluster": "sim", "namespace": "research", "sort": "-age"}).content.decode()
+    assert 'value="research" selected' in html
+    assert "/ws/pending/?cluster=sim&amp;namespace=research&amp;sort=-age" in html or "cluster=sim" in html
+
+
+def test_sorting_orders_rows_by_age_either_way_and_by_namespace(signed_in, monday):
+    by_age = [
+        c.namespace + "/" + c.name
+        for c in ResourceClaim.objects.filter(state="pending").order_by("created_at")
+    ]
+    flat = {"group": "none"}
+    assert rows_shown(signed_in.get(URL, flat).content.decode()) == by_age
+    assert rows_shown(signed_in.get(URL, {**flat, "sort": "-age"}).content.decode()) == by_age[::-1]
+    namespaces = [
+        r.split("/")[0]
+        for r in rows_shown(signed_in.get(URL, {**flat, "sort": "namespace"}).content.decode())
+    ]
+    assert namespaces == sorted(namespaces)
+
+
+@pytest.mark.parametrize(
+    ("params", "parameter"),
+    [
+        ({"min_age": "yesterday"}, "min_age"),
+        ({"sort": "size"}, "sort"),
+        ({"cause": "<script>"}, "cause"),
+        ({"cluster": "nope"}, "cluster"),
+        ({"namespace": "Bad_NS"}, "namespace"),
+        ({"group": "x"}, "group"),
+    ],
+)
+def test_a_bad_parameter_is_a_400_naming_it(signed_in, monday, params, parameter):
+    for url in (URL, "/claims/pending/fragment/"):
+        response = signed_in.get(url, params)
+        assert response.status_code == 400
+        assert response.content.decode().startswith(f"Bad parameter {parameter}:")
+
+
+def test_unknown_parameters_are_ignored(signed_in, monday):
+    assert signed_in.get(URL, {"page": "2", "utm": "x"}).status_code == 200
+
+
+def test_a_pod_whose_template_claim_was_never_created_is_listed(signed_in, monday):
+    pod = nvidia.pod_object("research", "orphan", [("gpu", nvidia.from_template("no-such-template"))])
+    pod["metadata"]["resourceVersion"] = "999999"
+    ingest.apply_batch(
+        Cluster.objects.get(name="sim"), "Pod", [ingest.Change("upsert", normalize("Pod", pod))]
+    )
+    html = signed_in.get(URL, {"namespace": "research"}).content.decode()
+    assert 'data-kind="pod" data-name="research/orphan"' in html
+    row = found(r'data-name="research/orphan".*?</tr>', html)
+    assert "never created from template no-such-template" in row
+    assert groups_shown(html).count(("not-created", 1)) == 1
+
+
+def test_the_page_costs_a_bounded_number_of_queries(signed_in, monday):
+    with CaptureQueriesContext(connection) as ctx:
+        assert signed_in.get(URL).status_code == 200
+    # session + user + permissions (~4), clusters (3), rows (3 or 4), namespace choices (2)
+    assert len(ctx.captured_queries) <= 14, [q["sql"][:120] for q in ctx.captured_queries]
+
+
+def test_the_diagnosis_page_puts_the_scheduler_beside_ours_with_groups_holders_and_heatmap_links(
+    signed_in, monday
+):
+    claim = ResourceClaim.objects.get(namespace="ml-train", name__startswith="finetune-0-")
+    response = signed_in.get(f"/claims/c/sim/ml-train/{claim.name}/diagnosis/")
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert "The scheduler says" in html and "cannot allocate all claims" in html
+    assert claim.diagnosis.summary in html
+    assert re.search(
+        r'<tr data-model="B200" data-profile=""><td>B200</td><td>whole GPU</td><td class="num">16</td>', html
+    )
+    holders = re.findall(
+        r'<tr><td><a href="[^"]+">(ml-train/pretrain-[^<]+)</a></td><td><time datetime="([^"]+)"', html
+    )
+    assert len(holders) == 3
+    assert [t for _, t in holders] == sorted(t for _, t in holders)  # oldest first
+    assert 'href="/fleet/heatmap/?cluster=sim&amp;model=B200"' in html
+    assert f'href="/fleet/c/sim/claims/ml-train/{claim.name}/"' in html
+    detail = signed_in.get(f"/fleet/c/sim/claims/ml-train/{claim.name}/").content.decode()
+    assert f'href="/claims/c/sim/ml-train/{claim.name}/diagnosis/"' in detail
+
+
+def test_an_unknown_claim_or_cluster_is_a_404(signed_in, monday):
+    assert signed_in.get("/claims/c/sim/ml-train/nope/diagnosis/").status_code == 404
+    assert signed_in.get("/claims/c/nowhere/ml-train/nope/diagnosis/").status_code == 404
+
+
+def test_namespace_visibility_hides_foreign_claims_pods_and_holders(client, monday):
+    user = get_user_model().objects.create_user("bob", password=PASSWORD)
+    NamespaceGrant.objects.create(user=user, namespace="research")
+    client.force_login(user)
+    html = client.get(URL).content.decode()
+    assert {r.split("/")[0] for r in rows_shown(html)} == {"research"}
+    assert "ml-train/" not in html and "inference/" not in html
+    finetune = ResourceClaim.objects.get(namespace="ml-train", name__startswith="finetune-0-")
+    assert client.get(f"/claims/c/sim/ml-train/{finetune.name}/diagnosis/").status_code == 404
+    bad_cel = ResourceClaim.objects.get(namespace="research", name__startswith="bad-cel-")
+    page = client.get(f"/claims/c/sim/research/{bad_cel.name}/diagnosis/").content.decode()
+    assert "ml-train/pretrain" not in page  # the holders of the devices it would use are foreign
+    assert "a claim in another namespace" in page
+
+
+def test_nothing_without_login(client, monday):
+    for url in (URL, "/claims/pending/fragment/", "/claims/c/sim/research/x/diagnosis/"):
+        response = client.get(url)
+        assert response.status_code == 302
+        assert response["Location"].startswith("/accounts/login/")
+
+
+PROFILE_1G = "device.attributes['gpu.nvidia.com'].profile == '1g.10gb'"
+CLAIM = {
+    "apiVersion": "resource.k8s.io/v1",
+    "kind": "ResourceClaimTemplate",
+    "metadata": {"name": "mig-1g", "namespace": "inference"},
+    "spec": {
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "mig",
+                        "exactly": {
+                            "deviceClassName": "mig.nvidia.com",
+                            "selectors": [{"cel": {"expression": PROFILE_1G}}],
+                        },
+                    }
+                ]
+            }
+        }
+    },
+}
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("kind: ResourceClaim\nspec: [unclosed", "pasted text: invalid YAML"),
+        ('{"kind": "ResourceClaim", "spec": ', "pasted text: invalid JSON"),
+        ("kind: Pod\nspec: {}\n", "no ResourceClaim or ResourceClaimTemplate in the pasted text (found Pod)"),
+        ("kind: ResourceClaim\nspec: 3\n", "the ResourceClaim has no spec"),
+        ("", "This field is required."),
+    ],
+)
+def test_will_it_fit_explains_bad_input_in_the_form(signed_in, monday, text, message):
+    response = signed_in.post(URL, {"cluster": "sim", "spec": text})
+    assert response.status_code == 400
+    html = unescape(response.content.decode())
+    assert message in html
+    assert 'id="whatif-result"' not in html
+    assert "Causes" in html  # the rest of the page is still there
+
+
+def test_will_it_fit_diagnoses_a_pasted_template_as_json(signed_in, monday):
+    expected = expected_monday()
+    response = signed_in.post(URL, {"cluster": "sim", "spec": json.dumps(CLAIM)})
+    assert response.status_code == 200
+    html = unescape(response.content.decode())
+    result = found(r'<div id="whatif-result">.*', html)
+    assert 'data-category="fragmentation"' in result
+    assert f"{expected.idle_three_g} x 3g.40gb" in result
+    assert "No lint findings." in result or '<table class="grid lint">' in result
+
+
+def test_will_it_fit_shows_lint_findings(signed_in, monday):
+    text = json.dumps(CLAIM).replace(".profile == '1g.10gb'", ".gpuMemoryGiB >= 80")
+    html = unescape(signed_in.post(URL, {"cluster": "sim", "spec": text}).content.decode())
+    assert '<table class="grid lint">' in html
+    assert "No device in the fleet publishes attribute gpu.nvidia.com/gpuMemoryGiB" in html
+
+
+def test_will_it_fit_needs_the_csrf_token(monday, admin_user):
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(admin_user)
+    assert client.post(URL, {"cluster": "sim", "spec": json.dumps(CLAIM)}).status_code == 403
+    page = client.get(URL)
+    token = found(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.content.decode(), 1)
+    response = client.post(URL, {"cluster": "sim", "spec": json.dumps(CLAIM), "csrfmiddlewaretoken": token})
+    assert response.status_code == 200
+
+
+def test_will_it_fit_hides_holders_from_other_namespaces(client, monday):
+    user = get_user_model().objects.create_user("carol", password=PASSWORD)
+    NamespaceGrant.objects.create(user=user, namespace="research")
+    client.force_login(user)
+    html = unescape(client.post(URL, {"cluster": "sim", "spec": json.dumps(CLAIM)}).content.decode())
+    result = found(r'<div id="whatif-result">.*', html)
+    assert "inference/chat-1g" not in result
+    assert "a claim in another namespace" in result
+
+
+def test_the_live_fragment_is_filtered_and_scoped_like_the_page(client, monday):
+    user = get_user_model().objects.create_user("dave", password=PASSWORD)
+    NamespaceGrant.objects.create(user=user, namespace="inference")
+    client.force_login(user)
+    expected = expected_monday()
+    html = client.get("/claims/pending/fragment/", {"sort": "-age"}).content.decode()
+    assert "<html" not in html
+    assert len(rows_shown(html)) == expected.namespaces["inference"]
+    assert {r.split("/")[0] for r in rows_shown(html)} == {"inference"}
+
+
+def test_an_allocated_claim_has_nothing_to_diagnose(signed_in, monday):
+    claim = ResourceClaim.objects.filter(state="reserved")[0]
+    html = signed_in.get(f"/claims/c/sim/{claim.namespace}/{claim.name}/diagnosis/").content.decode()
+    assert f"The claim is {claim.state}: nothing to diagnose." in html
+
+
+def test_a_pending_claim_not_diagnosed_yet_is_diagnosed_on_the_page_without_storing(signed_in, monday):
+    claim = ResourceClaim.objects.get(namespace="research", name__startswith="huge-kv-")
+    ClaimDiagnosis.objects.filter(claim=claim).delete()
+    html = unescape(signed_in.get(f"/claims/c/sim/research/{claim.name}/diagnosis/").content.decode())
+    assert "(just now, not stored yet)" in html
+    assert "No device in the fleet matches request gpu" in html
+    assert not ClaimDiagnosis.objects.filter(claim=claim).exists()  # the task owns the table
+    row = found(r'data-name="research/huge-kv-[^"]+".*?</tr>', unescape(signed_in.get(URL).content.decode()))
+    assert "No diagnosis stored yet." in row

@@ -1,0 +1,112 @@
+"""/ws/pending/ through the real ASGI stack (origin check, session auth, routing): it says *that* pending
+rows changed (after ingest or after the diagnosis task stored results), never *what*."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+from asgiref.sync import async_to_sync, sync_to_async
+from channels.testing import WebsocketCommunicator
+from django.conf import settings
+from django.test import override_settings
+
+from claims.consumers import BAD_REQUEST, UNAUTHORIZED, notify_pending_changed
+from claims.tasks import recompute_diagnoses
+from dashboard.asgi import application
+from fleet import ingest
+
+pytestmark = pytest.mark.django_db(transaction=True)
+ORIGIN = (b"origin", b"http://127.0.0.1")
+IN_MEMORY = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+
+@pytest.fixture(autouse=True)
+def in_memory_layer():
+    with override_settings(CHANNEL_LAYERS=IN_MEMORY):
+        from channels.layers import channel_layers
+
+        channel_layers.backends.clear()
+        yield
+        channel_layers.backends.clear()
+
+
+@pytest.fixture
+def session_cookie(client, admin_user):
+    ingest.get_or_create_cluster("sim")
+    client.force_login(admin_user)
+    return (
+        b"cookie",
+        f"{settings.SESSION_COOKIE_NAME}={client.cookies[settings.SESSION_COOKIE_NAME].value}".encode(),
+    )
+
+
+def run_async(test):
+    @functools.wraps(test)
+    def wrapper(*args, **kwargs):
+        return async_to_sync(test)(*args, **kwargs)
+
+    return wrapper
+
+
+async def connect(path, *headers):
+    ws = WebsocketCommunicator(application, path, headers=list(headers))
+    connected, code = await ws.connect()
+    return ws, connected, code
+
+
+@run_async
+async def test_an_anonymous_websocket_is_refused(db):
+    _, connected, code = await connect("/ws/pending/", ORIGIN)
+    assert not connected and code == UNAUTHORIZED
+
+
+@run_async
+async def test_a_foreign_origin_is_refused_even_with_a_session(session_cookie):
+    _, connected, _ = await connect("/ws/pending/", (b"origin", b"http://evil.example"), session_cookie)
+    assert not connected
+
+
+@run_async
+async def test_a_bad_filter_is_refused_naming_the_parameter(session_cookie):
+    ws, connected, _ = await connect("/ws/pending/?cluster=Not_A_Name", ORIGIN, session_cookie)
+    assert connected
+    message = await ws.receive_json_from(timeout=5)
+    assert message["type"] == "error" and message["parameter"] == "cluster"
+    assert (await ws.receive_output(timeout=5))["code"] == BAD_REQUEST
+
+
+@run_async
+async def test_stored_diagnoses_and_claim_changes_are_announced_without_data(session_cookie):
+    ws, connected, _ = await connect("/ws/pending/?cluster=sim", ORIGIN, session_cookie)
+    assert connected
+    assert await ws.receive_json_from(timeout=5) == {"type": "hello", "version": 1}
+    # The diagnosis task notifies after storing (transaction.on_commit runs at once outside a transaction).
+    await sync_to_async(recompute_diagnoses)("sim")
+    assert await ws.receive_json_from(timeout=5) == {"type": "changed", "version": 2, "clusters": ["sim"]}
+    # An ingest batch of claims, as the watch workers publish it.
+    await sync_to_async(ingest.publish)({"type": "fleet.change", "cluster": "sim", "kind": "ResourceClaim"})
+    assert await ws.receive_json_from(timeout=5) == {"type": "changed", "version": 3, "clusters": ["sim"]}
+    await ws.disconnect()
+
+
+@run_async
+async def test_changes_elsewhere_are_not_announced(session_cookie):
+    ws, connected, _ = await connect("/ws/pending/?cluster=sim", ORIGIN, session_cookie)
+    assert connected
+    await ws.receive_json_from(timeout=5)
+    await sync_to_async(notify_pending_changed)("other")
+    await sync_to_async(ingest.publish)({"type": "fleet.change", "cluster": "sim", "kind": "ResourceSlice"})
+    assert await ws.receive_nothing(timeout=1.5)
+    await sync_to_async(notify_pending_changed)("sim")
+    assert (await ws.receive_json_from(timeout=5))["clusters"] == ["sim"]
+    await ws.disconnect()
+
+
+@run_async
+async def test_logging_out_closes_the_socket(session_cookie, client):
+    ws, connected, _ = await connect("/ws/pending/", ORIGIN, session_cookie)
+    assert connected
+    await ws.receive_json_from(timeout=5)
+    await sync_to_async(client.post)("/accounts/logout/")
+    assert (await ws.receive_output(timeout=5))["code"] == UNAUTHORIZED
