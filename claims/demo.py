@@ -1,8 +1,12 @@
 """The demo's moving parts, all in one process: the simulated cluster, its churn, and the watch streams.
 
 The simulator plays the ``monday`` scenario (Friday evening to Monday 09:00) with the allocator replay as
-its scheduler, then keeps running live: random workloads arrive and finish at ``speed`` simulated seconds
-per real second. Reflector threads mirror it into the database exactly as workers mirror a real cluster.
+its scheduler, anchored so that its Monday 09:00 is the demo's start: the weekend just ended. The weekend is
+replayed into the database at its simulated times (claims.replay: claim history, pending causes and
+allocation samples of the weekend, so the pending page and the triage report have something to say at
+once). Then it keeps running live: random workloads arrive and finish at ``speed`` simulated seconds per real
+second, and reflector threads, resuming from the replayed state, mirror it into the database exactly as
+workers mirror a real cluster.
 """
 
 from __future__ import annotations
@@ -11,10 +15,12 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.db import close_old_connections, connection
+from django.utils import timezone
 
+from claims import replay
 from claims.simulation import allocator_schedule
 from fleet import ingest
 from fleet.kube.reflector import Reflector, StreamConfig
@@ -30,8 +36,15 @@ CLUSTER_NAME = "demo"
 @dataclass
 class Demo:
     simulation: Simulation
+    weekend_start: datetime  # the anchored Friday 17:00
+    weekend_end: datetime  # the anchored Monday 09:00: when the demo started
     stop: threading.Event = field(default_factory=threading.Event)
     threads: list[threading.Thread] = field(default_factory=list)
+
+    @property
+    def triage_since(self) -> datetime:
+        """The weekend's triage window starts Friday 18:00, as the on-call report's default does."""
+        return self.weekend_start + timedelta(hours=1)
 
     def shutdown(self, timeout: float = 5.0) -> None:
         self.stop.set()
@@ -39,17 +52,33 @@ class Demo:
             thread.join(timeout)
 
 
-def prepare(seed: int = 0) -> Simulation:
-    """Play the weekend (a few seconds) and queue the live workload mix that follows it."""
-    simulation = scenarios.monday_simulation(seed, schedule=allocator_schedule)
-    simulation.run(scenarios.MONDAY_09)
+def anchor(now: datetime | None = None) -> datetime:
+    """The demo's Monday 09:00: now (default the current time), to the minute."""
+    return (now or timezone.now()).replace(second=0, microsecond=0)
+
+
+def queue_week(simulation: Simulation, seed: int, monday: datetime, compress: float = 1.0) -> None:
+    """Queue the live workload mix of the week that follows the weekend ending at ``monday``, compressed
+    ``compress`` times: arrivals that many times denser, runs that many times shorter."""
     fleet = build_fleet(spec_from_dict({**scenarios.MONDAY_FLEET, "seed": seed}))
-    for workload in random_workloads(fleet, seed, scenarios.MONDAY_09, hours=24 * 7, per_hour=6):
+    week = random_workloads(
+        fleet, seed, monday, hours=24 * 7 / compress, per_hour=6 * compress, durations=1 / compress
+    )
+    for workload in week:
         simulation.submit(workload)
     # Hardware trouble during the week: a GPU raises a fatal XID, later a whole node vanishes.
     names = [n["metadata"]["name"] for n in fleet.nodes]
-    simulation.xid(scenarios.MONDAY_09 + timedelta(hours=2), names[0], gpu_minor=3)
-    simulation.node_loss(scenarios.MONDAY_09 + timedelta(hours=30), names[-1])
+    simulation.xid(monday + timedelta(hours=2 / compress), names[0], gpu_minor=3)
+    simulation.node_loss(monday + timedelta(hours=30 / compress), names[-1])
+
+
+def prepare(seed: int = 0, end: datetime | None = None) -> Simulation:
+    """Play the weekend (a few seconds; ending at ``end``, default its fixed 2026-03 dates) and queue the
+    live workload mix that follows it."""
+    simulation = scenarios.monday_simulation(seed, schedule=allocator_schedule, end=end)
+    monday = scenarios.MONDAY_09 + scenarios.monday_shift(end)
+    simulation.run(monday)
+    queue_week(simulation, seed, monday)
     return simulation
 
 
@@ -75,22 +104,37 @@ def churn(simulation: Simulation, stop: threading.Event, speed: float, tick: flo
         close_old_connections()
 
 
-def start(seed: int = 0, speed: float = 60.0) -> Demo:
-    """Start the streams (one thread per kind) and the live churn; returns a handle to stop them.
+def start(seed: int = 0, speed: float = 60.0, now: datetime | None = None) -> Demo:
+    """Replay the weekend ending ``now`` (default the current minute) into the demo cluster, then start the
+    streams (one thread per kind) and the live churn; returns a handle to stop them.
 
     Each run simulates a new cluster whose resourceVersions start over, so the previous run's mirror
-    (and its watch cursors) is dropped first: resuming from old cursors would freeze the old state.
+    (and its watch cursors and history) is dropped first: resuming from old cursors would freeze the old
+    state. The replay leaves every kind's cursor at the weekend's last resourceVersion, so the streams
+    watch on from there: no relist, and the live events are observed after the weekend's.
     """
     ingest.drop_cluster(CLUSTER_NAME)
-    demo = Demo(prepare(seed))
+    played = replay.play(seed, end=anchor(now))
+    # Hourly diagnoses (as the triage tests) and half-hourly samples keep start-up to seconds; the causes
+    # and the allocation chart of a 64-hour weekend need no finer grain.
+    cluster = replay.replay(
+        played,
+        CLUSTER_NAME,
+        diagnose_every=timedelta(hours=1),
+        sample_every=timedelta(minutes=30),
+        description="simulated fleet (make demo)",
+    )
+    replay.hand_over(cluster, played.simulation.cluster)
+    # The live week runs on the real clock (so every timestamp is a real past time, and ages and the
+    # history agree with the wall clock), compressed ``speed`` times so something happens every few seconds.
+    queue_week(played.simulation, seed, played.end, compress=speed)
+    demo = Demo(played.simulation, played.start, played.end)
     for kind in KINDS:
         demo.threads.append(
             threading.Thread(target=_stream, args=(demo, kind), name=f"demo-{kind}", daemon=True)
         )
     demo.threads.append(
-        threading.Thread(
-            target=churn, args=(demo.simulation, demo.stop, speed), name="demo-churn", daemon=True
-        )
+        threading.Thread(target=churn, args=(demo.simulation, demo.stop, 1.0), name="demo-churn", daemon=True)
     )
     for thread in demo.threads:
         thread.start()

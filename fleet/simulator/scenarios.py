@@ -62,24 +62,34 @@ def _jitter(rng: random.Random, base: datetime, minutes: float) -> datetime:
     return base + timedelta(minutes=rng.uniform(0, minutes))
 
 
-def monday_workloads(seed: int = 0) -> list[Workload]:
-    """The monday timeline (deterministic for `seed`)."""
+def monday_shift(end: datetime | None) -> timedelta:
+    """How far the scenario moves when anchored to end at `end` (None: its own Monday 09:00, no shift)."""
+    if end is None:
+        return timedelta(0)
+    if end.tzinfo is None:
+        raise ValueError(f"monday scenario end {end.isoformat()} has no time zone")
+    return end - MONDAY_09
+
+
+def monday_workloads(seed: int = 0, shift: timedelta = timedelta(0)) -> list[Workload]:
+    """The monday timeline (deterministic for `seed`), every time moved by `shift` (see monday_shift).
+
+    The random draws do not depend on `shift`: a shifted timeline is the same weekend, only later."""
     rng = random.Random(f"monday/{seed}")
+    friday = FRIDAY_17 + shift
     big = [memory_at_least("150Gi")]
     out: list[Workload] = []
     # Friday 18:00-19:00: three 8-GPU pretraining jobs take every B200 and B300 until after the weekend.
     for i in range(3):
         out.append(
-            training(
-                "ml-train", f"pretrain-{i}", _jitter(rng, FRIDAY_17 + timedelta(hours=1), 60), 8, big, 90
-            )
+            training("ml-train", f"pretrain-{i}", _jitter(rng, friday + timedelta(hours=1), 60), 8, big, 90)
         )
     # Friday 19:00: a full-GPU H100 job takes the DynamicMIG node's GPUs (so no dynamic 1g partitions either).
     out.append(
         training(
             "ml-train",
             "h100-sweep",
-            FRIDAY_17 + timedelta(hours=2),
+            friday + timedelta(hours=2),
             8,
             [product_is("NVIDIA H100 80GB HBM3")],
             90,
@@ -87,11 +97,11 @@ def monday_workloads(seed: int = 0) -> list[Workload]:
     )
     # Friday 20:00 - Saturday 06:00: nine more jobs that need >= 150Gi queue behind them.
     for i in range(9):
-        at = _jitter(rng, FRIDAY_17 + timedelta(hours=3), 600)
+        at = _jitter(rng, friday + timedelta(hours=3), 600)
         out.append(training("ml-train", f"finetune-{i}", at, rng.choice([1, 2, 4]), big, 12))
     # Saturday: four 3g services, then 61 1g inference pods: 56 fit the all-1g node, 5 stay pending
     # while 12 3g slices are idle.
-    sat = datetime(2026, 3, 7, 8, 0, tzinfo=UTC)
+    sat = datetime(2026, 3, 7, 8, 0, tzinfo=UTC) + shift
     for i in range(4):
         out.append(
             mig_exact("inference", f"rag-3g-{i}", _jitter(rng, sat, 60), "3g.40gb", None, template="mig-3g")
@@ -100,26 +110,37 @@ def monday_workloads(seed: int = 0) -> list[Workload]:
         at = _jitter(rng, sat + timedelta(hours=1), 600)
         out.append(mig_exact("inference", f"chat-1g-{i:02d}", at, "1g.10gb", None, template="mig-1g"))
     # A few broken claims.
-    out.append(broken("research", "bad-cel", datetime(2026, 3, 7, 10, 0, tzinfo=UTC), "broken-cel"))
-    out.append(broken("research", "bad-attr", datetime(2026, 3, 7, 14, 0, tzinfo=UTC), "unknown-attribute"))
-    out.append(broken("research", "huge-kv", datetime(2026, 3, 8, 9, 0, tzinfo=UTC), "impossible-memory"))
+    out.append(broken("research", "bad-cel", datetime(2026, 3, 7, 10, 0, tzinfo=UTC) + shift, "broken-cel"))
+    out.append(
+        broken("research", "bad-attr", datetime(2026, 3, 7, 14, 0, tzinfo=UTC) + shift, "unknown-attribute")
+    )
+    out.append(
+        broken("research", "huge-kv", datetime(2026, 3, 8, 9, 0, tzinfo=UTC) + shift, "impossible-memory")
+    )
     out.sort(key=lambda w: (w.arrival, w.name))
     return out
 
 
 def monday_simulation(
-    seed: int = 0, schedule: Schedule | None = None, history_limit: int = 200_000
+    seed: int = 0,
+    schedule: Schedule | None = None,
+    history_limit: int = 200_000,
+    end: datetime | None = None,
 ) -> Simulation:
-    """The monday simulation, loaded and queued but not yet run (callers may continue it past Monday)."""
+    """The monday simulation, loaded and queued but not yet run (callers may continue it past Monday).
+
+    `end` anchors the weekend in time: it then ends at `end` instead of 2026-03-09 09:00 (every time moved
+    by the same amount; run it until ``end``). The demo anchors it to its start, so the weekend just ended."""
+    shift = monday_shift(end)
     spec = spec_from_dict({**MONDAY_FLEET, "seed": seed})
     cluster = SimulatedCluster(history_limit=history_limit)
-    sim = Simulation(cluster, schedule or naive_schedule, FRIDAY_17)
+    sim = Simulation(cluster, schedule or naive_schedule, FRIDAY_17 + shift)
     sim.load_fleet(build_fleet(spec))
-    for w in monday_workloads(seed):
+    for w in monday_workloads(seed, shift):
         sim.submit(w)
     # Friday 20:00: a notebook grabs an H200; its pod is deleted at 23:00 but the claim stays allocated.
     sim.leak(
-        datetime(2026, 3, 6, 20, 0, tzinfo=UTC),
+        datetime(2026, 3, 6, 20, 0, tzinfo=UTC) + shift,
         "ml-train",
         "notebook-alice-gpu",
         nv.exactly_request("gpu", "gpu.nvidia.com", selectors=[product_is("NVIDIA H200")]),

@@ -405,9 +405,10 @@ def _gpu_minor(device_name: str) -> int | None:
 
 
 def random_workloads(
-    fleet: Fleet, seed: int, start: datetime, hours: float, per_hour: float = 20.0
+    fleet: Fleet, seed: int, start: datetime, hours: float, per_hour: float = 20.0, durations: float = 1.0
 ) -> list[Workload]:
     """A seeded mix of training, gangs, MIG inference and a few mistakes sized to the fleet's models.
+    ``durations`` scales how long each runs (the demo compresses a week into real time with it).
 
     Precondition: the fleet has at least one pool.
     """
@@ -420,7 +421,7 @@ def random_workloads(
         at = start + timedelta(hours=rng.uniform(0, hours))
         roll = rng.random()
         model = nv.MODELS[rng.choice(models)]
-        hours_run = rng.choice([0.5, 1, 2, 4, 8, 24])
+        hours_run = rng.choice([0.5, 1, 2, 4, 8, 24]) * durations
         if roll < 0.35:
             gpus = rng.choice([1, 2, 4, 8])
             out.append(
