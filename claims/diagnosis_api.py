@@ -77,7 +77,7 @@ _DEVICE_FIELDS = {
     "allocationMode": _opt({"type": "string", "maxLength": 32, "example": "ExactCount"}),
     "count": _opt({"type": "integer", "minimum": 0, "maximum": INT64_MAX}),
     "adminAccess": _opt({"type": "boolean"}),
-    "tolerations": _list_of(_opt({"type": "object"})),
+    "tolerations": _list_of({"type": "object"}),  # a null item is no toleration: refused
     "capacity": _opt(
         {
             "type": "object",
@@ -120,16 +120,14 @@ _CLAIM_SPEC = {
             "properties": {
                 "requests": {"type": "array", "minItems": 1, "items": _REQUEST},
                 "constraints": _list_of(
-                    _opt(
-                        {
-                            "type": "object",
-                            "properties": {
-                                "requests": _list_of(_opt({"type": "string", "maxLength": 127})),
-                                "matchAttribute": _opt({"type": "string", "maxLength": 253}),
-                                "distinctAttribute": _opt({"type": "string", "maxLength": 253}),
-                            },
-                        }
-                    )
+                    {  # a null item is no constraint: refused
+                        "type": "object",
+                        "properties": {
+                            "requests": _list_of(_opt({"type": "string", "maxLength": 127})),
+                            "matchAttribute": _opt({"type": "string", "maxLength": 253}),
+                            "distinctAttribute": _opt({"type": "string", "maxLength": 253}),
+                        },
+                    }
                 ),
             },
         }
