@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
+from uuid import uuid4
 
 from celery import shared_task
 from django.conf import settings
@@ -118,10 +121,66 @@ def record_causes(cluster: str, diagnosed: list[ClaimDiagnosis], now: datetime) 
     )
 
 
-@shared_task(ignore_result=True)
-def recompute_diagnoses(cluster: str, now: str | None = None) -> dict[str, int]:
+RUN_TTL = 3600  # seconds: a recompute holding its cluster's lock longer than this is presumed dead
+# Delete the key only if it still holds our token (another run may own it after our TTL ran out).
+_RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
+
+
+@contextmanager
+def _single_flight(cluster: str) -> Iterator[bool]:
+    """One recompute per cluster at a time (on a large fleet one takes minutes, and changes keep coming).
+
+    Yields True when this run holds the cluster's lock; False when another run holds it: then a rerun is
+    flagged, and the running one enqueues one more recompute when it ends, so no change goes unseen.
+    Without Redis (the demo, tasks run in-process) every run proceeds."""
+    url = getattr(settings, "REDIS_URL", None)
+    if not url:
+        yield True
+        return
+    import redis
+
+    client = redis.Redis.from_url(url)
+    key, rerun, token = (
+        f"claimscope:diagnoses:running:{cluster}",
+        f"claimscope:diagnoses:rerun:{cluster}",
+        uuid4().hex,
+    )
+    try:
+        acquired = bool(client.set(key, token, nx=True, ex=RUN_TTL))
+        if not acquired:
+            client.set(rerun, "1", ex=RUN_TTL)
+    except redis.RedisError:
+        log.warning("redis unavailable; diagnoses of %s recomputed without the single-run lock", cluster)
+        yield True
+        return
+    if not acquired:
+        log.info("recompute_diagnoses: %s is being recomputed; one more run will follow it", cluster)
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        try:
+            client.eval(_RELEASE, 1, key, token)
+            if client.delete(rerun):
+                recompute_diagnoses.apply_async(args=[cluster], countdown=DEBOUNCE_SECONDS)
+        except redis.RedisError:
+            log.warning("redis unavailable; the lock of %s expires by itself", cluster)
+
+
+@shared_task(bind=True, ignore_result=True)
+def recompute_diagnoses(self: Any, cluster: str, now: str | None = None) -> dict[str, int]:
     """Diagnose every pending claim of ``cluster``; returns counts per category. ``now`` (ISO 8601, default
-    the current time) stamps the results: a replay of a simulated weekend passes its simulated time."""
+    the current time) stamps the results: a replay of a simulated weekend passes its simulated time.
+    As a Celery task it runs once per cluster at a time (:func:`_single_flight`); called as a function
+    (tests, replays) it just runs."""
+    if self.request.called_directly:
+        return _recompute(cluster, now)
+    with _single_flight(cluster) as mine:
+        return _recompute(cluster, now) if mine else {}
+
+
+def _recompute(cluster: str, now: str | None) -> dict[str, int]:
     at = datetime.fromisoformat(now) if now else timezone.now()
     try:
         state = FleetState.from_db(cluster)

@@ -60,6 +60,29 @@ def test_recompute_stores_one_timed_diagnosis_per_pending_claim(imported: None) 
     assert all(d.computed_at is not None and d.result["summary"] == d.summary for d in stored.values())
 
 
+def test_a_recompute_task_waits_its_turn_and_the_running_one_enqueues_the_rerun(
+    imported: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client = redis.Redis.from_url(str(settings.REDIS_URL))
+    running, rerun = "claimscope:diagnoses:running:fixtures", "claimscope:diagnoses:rerun:fixtures"
+    client.delete(running, rerun)
+    enqueued: list[Any] = []
+    monkeypatch.setattr(tasks.recompute_diagnoses, "apply_async", lambda **kw: enqueued.append(kw))
+
+    client.set(running, "another-worker", ex=60)  # a recompute of the cluster is running elsewhere
+    assert tasks.recompute_diagnoses.apply(args=["fixtures"]).get() == {}
+    assert not ClaimDiagnosis.objects.exists() and client.get(rerun) == b"1"
+
+    client.delete(running)  # it ended without seeing the flag; the next run does the work and the rerun
+    assert tasks.recompute_diagnoses.apply(args=["fixtures"]).get() == {
+        "capacity": 1,
+        "no-match": 1,
+        "cel-error": 1,
+    }
+    assert enqueued == [{"args": ["fixtures"], "countdown": tasks.DEBOUNCE_SECONDS}]
+    assert client.get(running) is None and client.get(rerun) is None  # released, flag consumed
+
+
 def test_fleet_changes_within_the_debounce_window_enqueue_once() -> None:
     redis.Redis.from_url(str(settings.REDIS_URL)).delete(tasks._marker("debounce-test"))
     assert tasks.on_fleet_change({"cluster": "debounce-test", "kind": "ResourceSlice"}) is True
