@@ -1,0 +1,715 @@
+"""End to end at fleet scale: the production topology as real processes against the simulated L fleet.
+
+    DATABASE_URL=postgres://claimscope@127.0.0.1:55432/<scratch> REDIS_URL=redis://127.0.0.1:56379/<n> \
+        .venv/bin/python bench/bench_e2e.py [--rate 500] [--seconds 120] [--users 20] [--load-seconds 60]
+
+The scratch database is dropped and created again, and the Redis database flushed: never point this at
+data you keep. Processes (each in its own process group, all stopped at the end, logs in ``--dir``):
+the simulator (``bench/e2e/simserver.py``: L fleet, 40,000 claims of which 2,000 pending, 38,000 pods),
+``celery worker -Q watch -P threads -c 16``, ``celery worker -Q celery -c 2``, ``celery beat``, and
+``uvicorn dashboard.asgi:application`` on a free port. Phases:
+
+1. initial sync: from spawning the workers to every stream watching with the simulator's object counts
+   (and from the first ``watch_stream`` task received, from the worker log); then ``manage.py verify``;
+2. churn: ``--rate`` watch events/s for ``--seconds``; a websocket client logged in to ``/ws/fleet/``
+   (session cookie, Origin header) timestamps every heatmap cell change; each change the simulator made
+   (its write time, ``probes.jsonl``) is matched with the first message showing it: event -> database ->
+   websocket latency. Afterwards ``manage.py verify`` (nothing lost in the database) and the client's rows
+   against a fresh snapshot (nothing lost on the feed);
+3. diagnosis: ``recompute_diagnoses`` durations from the default worker's log, and one more after a single
+   fleet change at a quiet moment;
+4. load: ``locust --headless`` with ``--users`` users on pages and the API (``bench/e2e/locustfile.py``);
+5. peak RSS per process (``VmHWM``, children included) and the database size.
+
+Every figure is printed with the load average (1 min) when it was taken, and saved to ``results.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import bisect
+import contextlib
+import csv
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+VENV = ROOT / ".venv" / "bin"
+CLUSTER = "sim"
+KINDS = ("Node", "ResourceSlice", "ResourceClaim", "Pod", "DeviceClass")
+Obj = dict[str, Any]
+
+
+def load() -> float:
+    return round(os.getloadavg()[0], 2)
+
+
+def say(text: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')} load {load():.2f}] {text}", flush=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# ------------------------------------------------------------------------------------------- processes
+
+
+@dataclass
+class Proc:
+    role: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+    peak_sampled: dict[int, int] = field(default_factory=dict)  # pid -> max RSS seen (kB)
+
+
+class Topology:
+    """The processes of one run; each in its own session, so stopping a role stops its children too."""
+
+    def __init__(self, run_dir: Path, env: dict[str, str]) -> None:
+        self.run_dir, self.env = run_dir, env
+        self.procs: list[Proc] = []
+
+    def spawn(self, role: str, argv: list[str], extra: dict[str, str] | None = None) -> Proc:
+        log = self.run_dir / f"{role}.log"
+        out = open(log, "wb")  # noqa: SIM115 (handed to the child)
+        popen = subprocess.Popen(
+            argv,
+            cwd=ROOT,
+            env={**self.env, **(extra or {})},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        out.close()
+        proc = Proc(role, popen, log)
+        self.procs.append(proc)
+        return proc
+
+    def stop(self) -> None:
+        for p in self.procs:
+            if p.popen.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.popen.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 20
+        for p in self.procs:
+            try:
+                p.popen.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.popen.pid, signal.SIGKILL)
+                p.popen.wait()
+
+
+def descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = defaultdict(list)
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children[ppid].append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += children.get(p, [])
+    return out
+
+
+def status_kb(pid: int, key: str) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+class MemorySampler(threading.Thread):
+    """RSS of every process of every role once a second (peaks of processes that exit before the end)."""
+
+    def __init__(self, topo: Topology) -> None:
+        super().__init__(daemon=True)
+        self.topo, self.stopping = topo, threading.Event()
+
+    def run(self) -> None:
+        while not self.stopping.wait(1.0):
+            self.sample()
+
+    def sample(self) -> None:
+        for p in self.topo.procs:
+            for pid in descendants(p.popen.pid):
+                peak = max(status_kb(pid, "VmHWM"), status_kb(pid, "VmRSS"))
+                p.peak_sampled[pid] = max(p.peak_sampled.get(pid, 0), peak)
+
+
+# ------------------------------------------------------------------------------------------- database
+
+
+def reset_services(database_url: str, redis_url: str) -> None:
+    import psycopg
+    import redis
+
+    url = urlparse(database_url)
+    name = url.path.lstrip("/")
+    if not name.startswith("claimscope_"):
+        raise SystemExit(f"refusing to drop database {name!r}: use a scratch database named claimscope_*")
+    admin = url._replace(path="/postgres").geturl()
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    redis.Redis.from_url(redis_url).flushdb()
+
+
+def django_setup() -> None:
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "dashboard.settings")
+    import django
+
+    django.setup()
+
+
+def session_cookie() -> str:
+    """A logged-in session of the benchmark user (superuser: sees every namespace), as a browser has."""
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+
+    user, _ = get_user_model().objects.get_or_create(
+        username="bench-e2e", defaults={"is_staff": True, "is_superuser": True}
+    )
+    client = Client()
+    client.force_login(user)
+    return str(client.cookies["sessionid"].value)
+
+
+def cursors() -> dict[str, tuple[str, int, int]]:
+    from fleet.models import WatchCursor
+
+    rows = WatchCursor.objects.filter(cluster__name=CLUSTER).values_list(
+        "kind", "state", "object_count", "resource_version"
+    )
+    return {kind: (state, count, int(rv)) for kind, state, count, rv in rows}
+
+
+def database_size() -> dict[str, Any]:
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute("SELECT pg_database_size(current_database())")
+        total = cur.fetchone()[0]
+        cur.execute(
+            "SELECT c.relname, pg_total_relation_size(c.oid), n_live_tup FROM pg_class c "
+            "JOIN pg_stat_user_tables s ON s.relid = c.oid ORDER BY 2 DESC LIMIT 12"
+        )
+        tables = [{"table": r[0], "bytes": r[1], "rows": r[2]} for r in cur.fetchall()]
+    return {"bytes": total, "tables": tables}
+
+
+def manage(env: dict[str, str], *args: str, timeout: float = 900) -> tuple[int, float, str]:
+    t = time.perf_counter()
+    done = subprocess.run(
+        [str(VENV / "python"), "manage.py", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    return done.returncode, time.perf_counter() - t, (done.stdout + done.stderr)[-3000:]
+
+
+# ------------------------------------------------------------------------------------------- websocket
+
+
+class FeedClient(threading.Thread):
+    """A logged-in ``/ws/fleet/`` client that timestamps every heatmap cell change it receives."""
+
+    def __init__(self, port: int, session: str) -> None:
+        super().__init__(daemon=True)
+        self.port, self.session = port, session
+        self.rows: dict[str, list[Any]] = {}
+        self.cells: dict[tuple[str, int], tuple[int, int]] = {}  # (row, index) -> (slices, tainted)
+        self.changes: dict[tuple[str, int], list[tuple[float, int, int]]] = defaultdict(list)
+        self.snapshot_at: float | None = None
+        self.snapshot_seconds: float | None = None
+        self.messages = 0
+        self.log: list[tuple[float, str, int, int]] = []  # (received, type, version, rows)
+        self.gaps = 0
+        self.version = 0
+        self.stopping = threading.Event()
+        self.error: str | None = None
+
+    def run(self) -> None:
+        try:
+            asyncio.run(self._run())
+        except Exception as exc:  # reported, not raised: the run goes on and says what broke
+            self.error = repr(exc)
+
+    async def _run(self) -> None:
+        from websockets.asyncio.client import connect
+
+        origin = f"http://127.0.0.1:{self.port}"
+        t0 = time.time()
+        async with connect(
+            f"ws://127.0.0.1:{self.port}/ws/fleet/",
+            origin=origin,  # type: ignore[arg-type]
+            additional_headers={"Cookie": f"sessionid={self.session}"},
+            max_size=None,
+            open_timeout=60,
+            ping_timeout=None,
+        ) as ws:
+            while not self.stopping.is_set():
+                try:
+                    raw = await asyncio.wait_for(ws.recv(), timeout=0.5)
+                except TimeoutError:
+                    continue
+                now = time.time()
+                self.handle(json.loads(raw), now, t0)
+
+    def handle(self, msg: Obj, now: float, t0: float) -> None:
+        self.messages += 1
+        self.log.append((now, str(msg.get("type")), int(msg.get("version", 0)), len(msg.get("rows", {}))))
+        if msg.get("type") == "snapshot":
+            self.snapshot_at, self.snapshot_seconds = now, now - t0
+            self.rows = dict(msg["rows"])
+            for key, row in self.rows.items():
+                for cell in row[4]:
+                    self.cells[(key, cell[0])] = (min(cell[1], 7), cell[2] & 1)
+        elif msg.get("type") == "delta":
+            if msg["version"] != self.version + 1:
+                self.gaps += 1
+            for key in msg.get("removed", []):
+                self.rows.pop(key, None)
+            for key, row in msg["rows"].items():
+                self.rows[key] = row
+                for cell in row[4]:
+                    value = (min(cell[1], 7), cell[2] & 1)
+                    if self.cells.get((key, cell[0])) != value:
+                        self.cells[(key, cell[0])] = value
+                        self.changes[(key, cell[0])].append((now, *value))
+        self.version = msg.get("version", self.version)
+
+
+def fresh_snapshot(port: int, session: str) -> dict[str, Any]:
+    client = FeedClient(port, session)
+    client.start()
+    deadline = time.monotonic() + 120
+    while client.snapshot_at is None and client.error is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    client.stopping.set()
+    client.join(5)
+    return {"rows": client.rows, "seconds": client.snapshot_seconds, "error": client.error}
+
+
+def latencies(probes: list[list[Any]], client: FeedClient) -> tuple[list[float], int]:
+    """Match each change the simulator wrote with the first message that shows it."""
+    out, missed = [], 0
+    for t, row, index, what, value in probes:
+        seen = client.changes.get((row, index), [])
+        times = [c[0] for c in seen]
+        i = bisect.bisect_left(times, t)
+        for when, slices, tainted in seen[i:]:
+            got = slices if what == "slices" else tainted
+            want = value if what == "tainted" else (7 if value else 0)
+            if got == want:
+                out.append(when - t)
+                break
+        else:
+            missed += 1
+    return out, missed
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+# ------------------------------------------------------------------------------------------- logs
+
+CELERY_LINE = re.compile(
+    r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+): \w+/[^\]]+\] Task ([\w.]+)\[[^\]]+\] succeeded in ([\d.]+)s"
+)
+
+
+def task_runs(log: Path, task: str) -> list[tuple[float, float]]:
+    """(end time, duration) of every successful run of ``task`` in a Celery worker log."""
+    out = []
+    for m in CELERY_LINE.finditer(log.read_text(errors="replace")):
+        if m.group(2) == task:
+            end = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            out.append((end, float(m.group(3))))
+    return out
+
+
+def diag_idle(log: Path) -> bool:
+    """Every ``recompute_diagnoses`` the worker received has ended (succeeded or failed)."""
+    text = log.read_text(errors="replace")
+    received = set(re.findall(r"recompute_diagnoses\[([0-9a-f-]+)\] received", text))
+    ended = set(re.findall(r"recompute_diagnoses\[([0-9a-f-]+)\] (?:succeeded|raised|failed)", text))
+    return received <= ended
+
+
+def first_received(log: Path, task: str) -> float | None:
+    pattern = re.compile(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+): [^\]]+\] Task " + re.escape(task) + r"\[")
+    m = pattern.search(log.read_text(errors="replace"))
+    return datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp() if m else None
+
+
+# ------------------------------------------------------------------------------------------- phases
+
+
+def wait_for(what: str, check: Any, timeout: float, every: float = 1.0) -> float:
+    t = time.monotonic()
+    while not check():
+        if time.monotonic() - t > timeout:
+            raise SystemExit(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(every)
+    return time.monotonic() - t
+
+
+def locust(port: int, session: str, users: int, seconds: int, run_dir: Path, env: dict[str, str]) -> Obj:
+    prefix = run_dir / "locust"
+    argv = [
+        str(VENV / "locust"),
+        "-f",
+        str(ROOT / "bench" / "e2e" / "locustfile.py"),
+        "--headless",
+        "-u",
+        str(users),
+        "-r",
+        str(max(1, users // 4)),
+        "-t",
+        f"{seconds}s",
+        "--host",
+        f"http://127.0.0.1:{port}",
+        "--csv",
+        str(prefix),
+        "--only-summary",
+    ]
+    load_before = load()
+    with open(run_dir / "locust.log", "wb") as out:
+        subprocess.run(
+            argv,
+            cwd=ROOT,
+            env={**env, "CLAIMSCOPE_BENCH_SESSION": session},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            timeout=seconds + 120,
+            start_new_session=True,
+        )
+    rows = []
+    with open(f"{prefix}_stats.csv") as f:
+        for r in csv.DictReader(f):
+            rows.append(
+                {
+                    "name": r["Name"],
+                    "requests": int(r["Request Count"]),
+                    "failures": int(r["Failure Count"]),
+                    "p50_ms": float(r["50%"] or 0),
+                    "p95_ms": float(r["95%"] or 0),
+                    "p99_ms": float(r["99%"] or 0),
+                    "rps": float(r["Requests/s"] or 0),
+                }
+            )
+    return {
+        "users": users,
+        "seconds": seconds,
+        "load_before": load_before,
+        "load_after": load(),
+        "rows": rows,
+    }
+
+
+def py_spy(pid: int, seconds: int, out: Path) -> subprocess.Popen[bytes]:
+    """Sample ``pid`` (all threads, idle frames left out) into collapsed stacks: ``summarize_profile``."""
+    argv = [str(VENV / "py-spy"), "record", "--pid", str(pid), "--duration", str(seconds), "--rate", "50"]
+    argv += ["--format", "raw", "--output", str(out), "--nonblocking", "--idle"]
+    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rate", type=float, default=500.0, help="watch events per second during churn")
+    parser.add_argument("--seconds", type=float, default=120.0, help="churn duration")
+    parser.add_argument("--users", type=int, default=20)
+    parser.add_argument("--load-seconds", type=int, default=60)
+    parser.add_argument("--dir", default=str(ROOT / ".run" / "e2e"))
+    parser.add_argument("--port", type=int, default=0, help="uvicorn port (default: a free one)")
+    parser.add_argument("--skip-load", action="store_true")
+    parser.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        help="py-spy the web and watch worker for this many seconds of churn",
+    )
+    args = parser.parse_args()
+
+    database_url, redis_url = os.environ.get("DATABASE_URL"), os.environ.get("REDIS_URL")
+    if not database_url or not redis_url:
+        raise SystemExit("set DATABASE_URL (a scratch claimscope_* database) and REDIS_URL (a scratch db)")
+    run_dir = Path(args.dir)
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir(parents=True)
+    port = args.port or free_port()
+    env = {
+        **os.environ,
+        "SECRET_KEY": os.environ.get("SECRET_KEY") or os.urandom(32).hex(),
+        "SECURE_COOKIES": "0",
+        "CLAIMSCOPE_DATA_DIR": str(run_dir),
+        "STATIC_ROOT": str(run_dir / "static"),
+        "CLAIMSCOPE_CLUSTERS": f"{CLUSTER}=kubeconfig:{run_dir / 'kubeconfig'}",
+        "CLAIMSCOPE_WATCH_BEAT_SECONDS": "5",  # streams start within 5 s of the beat (default 30 s)
+        "CLAIMSCOPE_WARM_HEATMAP": "1",  # as the Compose file and the ConfigMap set it
+        "PYTHONUNBUFFERED": "1",
+    }
+    os.environ.update(env)
+    results: Obj = {
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "load_start": load(),
+        "rate": args.rate,
+        "seconds": args.seconds,
+    }
+    reset_services(database_url, redis_url)
+    for cmd in (("migrate", "-v0"), ("collectstatic", "--noinput", "-v0")):
+        rc, _, out = manage(env, *cmd)
+        if rc:
+            raise SystemExit(out)
+    django_setup()
+    session = session_cookie()
+    topo = Topology(run_dir, env)
+    sampler = MemorySampler(topo)
+    try:
+        say("starting the simulator (L fleet)")
+        topo.spawn("simulator", [str(VENV / "python"), "-m", "bench.e2e.simserver", "--dir", str(run_dir)])
+        wait_for("the simulator", (run_dir / "sim.json").exists, 300, 0.5)
+        sim = json.loads((run_dir / "sim.json").read_text())
+        results["simulator"] = sim
+        say(f"simulator ready: {sim}")
+        celery = str(VENV / "celery")
+        t_spawn = time.time()
+        topo.spawn(
+            "worker-watch",
+            [
+                celery,
+                "-A",
+                "dashboard",
+                "worker",
+                "-Q",
+                "watch",
+                "-P",
+                "threads",
+                "-c",
+                "16",
+                "-n",
+                "watch-e2e@%h",
+                "-l",
+                "INFO",
+            ],
+        )
+        topo.spawn(
+            "worker-default",
+            [
+                celery,
+                "-A",
+                "dashboard",
+                "worker",
+                "-Q",
+                "celery",
+                "-c",
+                "2",
+                "-n",
+                "default-e2e@%h",
+                "-l",
+                "INFO",
+            ],
+        )
+        topo.spawn("beat", [celery, "-A", "dashboard", "beat", "-s", str(run_dir / "celerybeat-schedule")])
+        topo.spawn(
+            "web",
+            [
+                str(VENV / "uvicorn"),
+                "dashboard.asgi:application",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--no-access-log",
+            ],
+        )
+        sampler.start()
+        want = sim["counts"]
+
+        def converged() -> bool:
+            c = cursors()
+            return all(c.get(k, ("", -1, 0))[0] == "watching" and c[k][1] == want[k] for k in KINDS)
+
+        wait_for("the initial sync", converged, 900)
+        t_done = time.time()
+        t_first = first_received(run_dir / "worker-watch.log", "fleet.tasks.watch_stream")
+        sync: Obj = {
+            "from_spawn_s": round(t_done - t_spawn, 1),
+            "from_first_stream_s": round(t_done - t_first, 1) if t_first else None,
+            "load": load(),
+        }
+        say(f"initial sync: {sync}")
+        rc, secs, out = manage(env, "verify", "--cluster", CLUSTER)
+        sync["verify_rc"], sync["verify_s"] = rc, round(secs, 1)
+        sync["verify_tail"] = out[-400:]
+        results["sync"] = sync
+        say(f"verify after sync: rc={rc} in {secs:.1f}s")
+
+        # ---- churn with a websocket client watching
+        client = FeedClient(port, session)
+        client.start()
+        wait_for("the websocket snapshot", lambda: client.snapshot_at is not None or client.error, 300, 0.2)
+        if client.error:
+            raise SystemExit(f"websocket client failed: {client.error}")
+        say(f"websocket snapshot: {len(client.rows)} rows in {client.snapshot_seconds:.2f}s")
+        results["ws_snapshot_s"] = round(client.snapshot_seconds or 0, 2)
+        time.sleep(3)
+        load_churn = [load()]
+        (run_dir / "churn.go").write_text(json.dumps({"rate": args.rate, "seconds": args.seconds}))
+        say(f"churn: {args.rate:.0f} events/s for {args.seconds:.0f}s")
+        spies = []
+        if args.profile:
+            time.sleep(10)  # into the steady state
+            for p in topo.procs:
+                if p.role in ("web", "worker-watch"):
+                    spies.append(py_spy(p.popen.pid, args.profile, run_dir / f"profile-{p.role}.txt"))
+        while not (run_dir / "churn.done").exists():
+            time.sleep(5)
+            load_churn.append(load())
+        churn = json.loads((run_dir / "churn.done").read_text())
+        for spy in spies:
+            spy.wait()
+        say(f"churn done: {churn}")
+
+        # Caught up: cursors still for 5 s.
+        last: list[Any] = [None, time.monotonic()]
+
+        def quiet() -> bool:
+            c = cursors()
+            if c != last[0]:
+                last[0], last[1] = c, time.monotonic()
+            return time.monotonic() - last[1] > 5
+
+        catch_up = wait_for("the watchers to catch up", quiet, 600)
+        time.sleep(2)
+        client.stopping.set()
+        client.join(5)
+        (run_dir / "ws-messages.json").write_text(json.dumps(client.log))
+        probes = [json.loads(line) for line in (run_dir / "probes.jsonl").read_text().splitlines()]
+        lat, missed = latencies(probes, client)
+        # ...and nothing lost on the feed: the client's rows equal a new connection's snapshot.
+        fresh = fresh_snapshot(port, session)
+        feed_equal = fresh["rows"] == client.rows
+        rc, secs, out = manage(env, "verify", "--cluster", CLUSTER)
+        results["churn"] = {
+            **churn,
+            "achieved_rate": round(churn["events"] / (churn["ended"] - churn["started"]), 1),
+            "catch_up_after_end_s": round(catch_up, 1),
+            "probes": len(probes),
+            "matched": len(lat),
+            "missed": missed,
+            "p50_s": round(percentile(lat, 0.5), 3),
+            "p95_s": round(percentile(lat, 0.95), 3),
+            "p99_s": round(percentile(lat, 0.99), 3),
+            "max_s": round(max(lat) if lat else float("nan"), 3),
+            "ws_messages": client.messages,
+            "ws_version_gaps": client.gaps,
+            "ws_rows_equal_fresh": feed_equal,
+            "verify_rc": rc,
+            "verify_s": round(secs, 1),
+            "verify_tail": out[-400:],
+            "load_during": load_churn,
+            "client_error": client.error,
+        }
+        say(f"churn results: { {k: v for k, v in results['churn'].items() if k != 'verify_tail'} }")
+
+        # ---- diagnosis
+        diag_log = run_dir / "worker-default.log"
+        # At a quiet moment: the recomputations queued by the churn are done first.
+        quiet_wait = wait_for("the churn's diagnoses", lambda: diag_idle(diag_log), 1200, 2.0)
+        during = task_runs(diag_log, "claims.tasks.recompute_diagnoses")
+        (run_dir / "change.go").write_text("{}")
+        wait_for("the fleet change", (run_dir / "change.done").exists, 60, 0.2)
+        t_change = json.loads((run_dir / "change.done").read_text())["t"]
+
+        def started_after() -> list[tuple[float, float]]:
+            runs = task_runs(diag_log, "claims.tasks.recompute_diagnoses")
+            return [(end, d) for end, d in runs if end - d >= t_change]
+
+        wait_for("a diagnosis started after the change", lambda: bool(started_after()), 900)
+        after = started_after()
+        from claims.models import ResourceClaim
+
+        pending = ResourceClaim.objects.filter(cluster__name=CLUSTER, state="pending").count()
+        results["diagnosis"] = {
+            "pending_claims": pending,
+            "runs_before": [round(d, 1) for _, d in during],
+            "waited_for_churn_diagnoses_s": round(quiet_wait, 1),
+            "after_change_s": after[0][1],
+            "change_to_done_s": round(after[0][0] - t_change, 1),
+            "load": load(),
+        }
+        say(f"diagnosis: {results['diagnosis']}")
+
+        if not args.skip_load:
+            say(f"locust: {args.users} users for {args.load_seconds}s")
+            results["load"] = locust(port, session, args.users, args.load_seconds, run_dir, env)
+            for r in results["load"]["rows"]:
+                say(
+                    f"  {r['name']:45} n={r['requests']:5} fail={r['failures']} p50={r['p50_ms']:.0f}ms "
+                    f"p95={r['p95_ms']:.0f}ms"
+                )
+
+        sampler.sample()
+        memory = {}
+        for p in topo.procs:
+            peaks = {pid: max(kb, status_kb(pid, "VmHWM")) for pid, kb in p.peak_sampled.items()}
+            memory[p.role] = {
+                "peak_mb_max_process": round(max(peaks.values(), default=0) / 1024),
+                "processes": len(peaks),
+            }
+        results["memory"] = memory
+        results["database"] = database_size()
+        say(f"memory: {memory}")
+        say(f"database: {results['database']['bytes'] / 2**20:.0f} MB")
+    finally:
+        sampler.stopping.set()
+        topo.stop()
+        results["load_end"] = load()
+        (run_dir / "results.json").write_text(json.dumps(results, indent=2, default=str))
+        print(f"results: {run_dir / 'results.json'}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
