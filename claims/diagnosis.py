@@ -299,9 +299,39 @@ class _Context:
         default_factory=dict
     )
     summaries: dict[tuple[int, int, DeviceKey, DeviceKey, str], _Summary] = field(default_factory=dict)
+    # holders_of's results by the identities of the summaries; the summaries are kept alive with them, so
+    # an id is never reused while its entry exists.
+    holder_sets: dict[tuple[int, ...], tuple[list[_Summary], _Holders]] = field(default_factory=dict)
     _consumption: dict[DeviceKey, list[tuple[tuple[str, str, str, str], Fraction | int]]] = field(
         default_factory=dict
     )
+
+    def holders_of(self, groups: Iterable[_Group]) -> _Holders:
+        """The claims holding the groups' devices: all of them, and oldest first (all, and those reserved
+        for no consumer). Claims of the same shape share their summaries: this runs once per shape, not
+        once per claim over tens of thousands of holders."""
+        sources = [s for g in groups for s in g.sources]
+        key = tuple(id(s) for s in sources)
+        hit = self.holder_sets.get(key)
+        if hit is not None:
+            return hit[1]
+        every = {k: c for s in sources for k, c in s.holders.items()}
+        cached = {id(v) for v in self.summaries.values()}
+        if not all(i in cached for i in key):
+            # A summary made for this request alone (capacity requests, single devices): nothing to share;
+            # only the first HOLDERS_SHOWN of each list are ever shown.
+            def free(c: Obj) -> bool:
+                return not (c.get("status") or {}).get("reservedFor")
+
+            return _Holders(
+                every,
+                heapq.nsmallest(HOLDERS_SHOWN, every.values(), key=_age_key),
+                heapq.nsmallest(HOLDERS_SHOWN, filter(free, every.values()), key=_age_key),
+            )
+        ordered = sorted(every.values(), key=_age_key)
+        unreserved = [c for c in ordered if not (c.get("status") or {}).get("reservedFor")]
+        self.holder_sets[key] = (sources, _Holders(every, ordered, unreserved))
+        return self.holder_sets[key][1]
 
     @classmethod
     def of(cls, state: FleetState) -> _Context:
@@ -407,14 +437,18 @@ class _Group:
     total: int = 0
     outcomes: dict[str, int] = field(default_factory=dict)
     miss: tuple[str, str] | None = None
-    holders: dict[str, Obj] = field(default_factory=dict)
+    holders: dict[str, Obj] = field(default_factory=dict)  # filled while summarizing (a scratch group)
     free_nodes: dict[str, int] = field(default_factory=dict)
     taints: dict[str, int] = field(default_factory=dict)
     pool_problems: set[str] = field(default_factory=set)
+    # The summaries whose holders this group has: they are shared by every claim of the same shape, so the
+    # union of their holders is computed (and sorted) once per state, see _Context.holders_of.
+    sources: list[_Summary] = field(default_factory=list)
 
 
 @dataclass
 class _Analysis:
+    ctx: _Context
     req: _Req
     groups: dict[tuple[str, str], _Group] = field(default_factory=dict)
     error: str = ""
@@ -484,7 +518,7 @@ def _analyze(ctx: _Context, req: _Req, nodes: set[str] | None) -> _Analysis:
 
     Devices with one signature (same low-cardinality attributes and capacities) share the selector
     outcome when no selector reads a high-cardinality attribute: one representative is evaluated."""
-    out = _Analysis(req)
+    out = _Analysis(ctx, req)
     state = ctx.state
     holders = state.holders()
     high = state.high_cardinality
@@ -577,7 +611,8 @@ def _record(
         out.free_by_node[node_name] = out.free_by_node.get(node_name, 0) + n
     for label, n in summary.taints.items():
         group.taints[label] = group.taints.get(label, 0) + n
-    group.holders.update(summary.holders)
+    if summary.holders:
+        group.sources.append(summary)
     group.pool_problems |= summary.pool_problems
     out.candidate_nodes |= summary.candidate_nodes
     out.free.extend(summary.free)
@@ -725,11 +760,15 @@ def _group_label(g: _Group) -> str:
 HOLDERS_SHOWN = 20
 
 
-def _oldest(claims: Iterable[Obj], limit: int = HOLDERS_SHOWN) -> list[Obj]:
-    """The ``limit`` oldest claims, oldest first."""
-    return heapq.nsmallest(
-        limit, claims, key=lambda c: ((c.get("metadata") or {}).get("creationTimestamp") or "", klog(c))
-    )
+def _age_key(claim: Obj) -> tuple[str, str]:
+    return (claim.get("metadata") or {}).get("creationTimestamp") or "", klog(claim)
+
+
+@dataclass(frozen=True)
+class _Holders:
+    every: dict[str, Obj]  # by id
+    oldest: list[Obj]  # every holder, oldest first
+    unreserved: list[Obj]  # those reserved for no consumer, oldest first
 
 
 def _holder_entry(state: FleetState, claim: Obj) -> Obj:
@@ -779,8 +818,8 @@ def _request_detail(state: FleetState, a: _Analysis) -> Obj:
                 "max_free_on_one_node": max(g.free_nodes.values(), default=0),
             }
         )
-    every = {k: c for g in a.groups.values() for k, c in g.holders.items()}
-    holders = _oldest(every.values())
+    held = a.ctx.holders_of(a.groups.values())
+    every, holders = held.every, held.oldest[:HOLDERS_SHOWN]
     return {
         "name": a.req.name,
         "device_class": a.req.class_name,
@@ -1164,8 +1203,8 @@ def _unschedulable(base: Diagnosis, analyses: list[list[_Analysis]], constraints
             "or re-partition a GPU with idle bigger slices into the requested profile."
         ]
         return base
-    every = {k: c for g in a.groups.values() for k, c in g.holders.items()}
-    holders = _oldest(every.values(), 3)
+    held = a.ctx.holders_of(a.groups.values())
+    every, holders = held.every, held.oldest[:3]
     named = ", ".join(klog(c) for c in holders) + (f" and {len(every) - 3} more" if len(every) > 3 else "")
     base.category = "capacity"
     base.summary = (
@@ -1173,7 +1212,7 @@ def _unschedulable(base: Diagnosis, analyses: list[list[_Analysis]], constraints
         f"({_fmt_groups(matching_groups)}), "
         f"{a.count(FREE)} free" + (f"; held by {named} (oldest first)." if named else ".")
     )
-    unreserved = _oldest(c for c in every.values() if not (c.get("status") or {}).get("reservedFor"))
+    unreserved = held.unreserved[:HOLDERS_SHOWN]
     base.suggestions = ["Wait for a holder to finish, or free devices held by the oldest claims."]
     if unreserved:
         base.suggestions.insert(
