@@ -21,7 +21,7 @@ from fleet.simulator import nvidia
 from tests.controlplane.kube import Kube, wait_for
 from tests.controlplane.launcher import ControlPlane
 from tests.controlplane.nodes import for_create
-from tests.watch.services import PrivateServices, ServiceError, Worker
+from tests.watch.services import PrivateServices, Worker, private_services
 
 pytestmark = pytest.mark.controlplane
 
@@ -37,17 +37,8 @@ STORED_WITHIN = 90.0
 
 @pytest.fixture(scope="module")
 def services() -> Iterator[PrivateServices]:
-    svc = PrivateServices(pg_port=PG_PORT, redis_port=REDIS_PORT)
-    try:
-        svc.start()
-    except ServiceError as err:
-        with contextlib.suppress(ServiceError):
-            svc.stop()
-        pytest.fail(f"private PostgreSQL/Redis did not start: {err}", pytrace=False)
-    try:
+    with private_services(pg_port=PG_PORT, redis_port=REDIS_PORT) as svc:
         yield svc
-    finally:
-        svc.stop()
 
 
 def stored_diagnosis(services: PrivateServices, namespace: str, name: str) -> tuple[str, str] | None:

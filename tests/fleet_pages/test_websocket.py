@@ -2,52 +2,29 @@
 
 from __future__ import annotations
 
-import functools
-
 import pytest
-from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 from django.conf import settings
-from django.test import override_settings
 
 from dashboard.asgi import application
 from fleet.consumers import BAD_REQUEST, UNAUTHORIZED
 from tests.fleet_pages.conftest import FIXTURE_GPUS, FleetEditor
+from tests.websockets import ORIGIN, in_memory_channel_layer, run_async, session_cookie
 
 pytestmark = pytest.mark.django_db(transaction=True)
-ORIGIN = (b"origin", b"http://127.0.0.1")
-IN_MEMORY = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
 
 @pytest.fixture(autouse=True)
 def in_memory_layer():
-    with override_settings(CHANNEL_LAYERS=IN_MEMORY):
-        from channels.layers import channel_layers
-
-        channel_layers.backends.clear()
+    with in_memory_channel_layer():
         yield
-        channel_layers.backends.clear()
 
 
-@pytest.fixture
-def session_cookie(client, user, fleet):
-    client.force_login(user)
-    return (
-        b"cookie",
-        f"{settings.SESSION_COOKIE_NAME}={client.cookies[settings.SESSION_COOKIE_NAME].value}".encode(),
-    )
-
-
-def run_async(test):
-    """Run an async test body in an event loop (no pytest-asyncio here); fixtures stay sync."""
-
-    @functools.wraps(test)
-    def wrapper(*args, **kwargs):
-        return async_to_sync(test)(*args, **kwargs)
-
-    return wrapper
+@pytest.fixture(name="session_cookie")
+def session_cookie_fixture(client, user, fleet):
+    return session_cookie(client, user)
 
 
 def cells(rows):

@@ -3,50 +3,29 @@ rows changed (after ingest or after the diagnosis task stored results), never *w
 
 from __future__ import annotations
 
-import functools
-
 import pytest
-from asgiref.sync import async_to_sync, sync_to_async
+from asgiref.sync import sync_to_async
 from channels.testing import WebsocketCommunicator
-from django.conf import settings
-from django.test import override_settings
 
 from claims.consumers import BAD_REQUEST, UNAUTHORIZED, notify_pending_changed
 from claims.tasks import recompute_diagnoses
 from dashboard.asgi import application
 from fleet import ingest
+from tests.websockets import ORIGIN, in_memory_channel_layer, run_async, session_cookie
 
 pytestmark = pytest.mark.django_db(transaction=True)
-ORIGIN = (b"origin", b"http://127.0.0.1")
-IN_MEMORY = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
 
 @pytest.fixture(autouse=True)
 def in_memory_layer():
-    with override_settings(CHANNEL_LAYERS=IN_MEMORY):
-        from channels.layers import channel_layers
-
-        channel_layers.backends.clear()
+    with in_memory_channel_layer():
         yield
-        channel_layers.backends.clear()
 
 
-@pytest.fixture
-def session_cookie(client, admin_user):
+@pytest.fixture(name="session_cookie")
+def session_cookie_fixture(client, admin_user):
     ingest.get_or_create_cluster("sim")
-    client.force_login(admin_user)
-    return (
-        b"cookie",
-        f"{settings.SESSION_COOKIE_NAME}={client.cookies[settings.SESSION_COOKIE_NAME].value}".encode(),
-    )
-
-
-def run_async(test):
-    @functools.wraps(test)
-    def wrapper(*args, **kwargs):
-        return async_to_sync(test)(*args, **kwargs)
-
-    return wrapper
+    return session_cookie(client, admin_user)
 
 
 async def connect(path, *headers):

@@ -17,8 +17,7 @@ import pytest
 from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
-from django.conf import settings
-from django.test import Client, override_settings
+from django.test import Client
 from django.urls import Resolver404, resolve
 
 from claims.models import DeviceAllocation, Pod, ResourceClaim, SchedulingEvent
@@ -27,6 +26,7 @@ from dashboard.visibility import HIDDEN_LABEL, Visibility, visibility_for
 from fleet.models import Device, Node
 from tests.fleet_pages.conftest import FleetEditor
 from tests.security.conftest import CLUSTER, GRANTED, Names
+from tests.websockets import ORIGIN, in_memory_channel_layer, session_cookie
 
 # Pages the crawl starts from, besides the links it finds (the nav bar on every page included).
 SEEDS = (
@@ -210,17 +210,11 @@ def test_an_unrestricted_user_sees_the_foreign_names_the_viewer_does_not(
 
 # ------------------------------------------------------------------------------------------ websocket
 
-IN_MEMORY = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
-
 
 @pytest.fixture
 def in_memory_layer():
-    with override_settings(CHANNEL_LAYERS=IN_MEMORY):
-        from channels.layers import channel_layers
-
-        channel_layers.backends.clear()
+    with in_memory_channel_layer():
         yield
-        channel_layers.backends.clear()
 
 
 @pytest.mark.django_db(transaction=True)
@@ -229,16 +223,10 @@ def test_the_websocket_snapshot_and_deltas_show_no_foreign_names(
 ) -> None:
     from dashboard.asgi import application
 
-    client.force_login(viewer)
-    cookie = (
-        b"cookie",
-        f"{settings.SESSION_COOKIE_NAME}={client.cookies[settings.SESSION_COOKIE_NAME].value}".encode(),
-    )
+    cookie = session_cookie(client, viewer)
 
     async def scenario() -> list[dict[str, Any]]:
-        ws = WebsocketCommunicator(
-            application, "/ws/fleet/", headers=[(b"origin", b"http://127.0.0.1"), cookie]
-        )
+        ws = WebsocketCommunicator(application, "/ws/fleet/", headers=[ORIGIN, cookie])
         connected, _ = await ws.connect()
         assert connected
         messages = [await ws.receive_json_from(timeout=10)]

@@ -13,9 +13,12 @@ import socket
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import psycopg
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PG_PORT = 55467
@@ -123,6 +126,22 @@ class PrivateServices:
             sql += " WHERE c.name = %s"
             row = conn.execute(sql, (cluster,)).fetchone()
             return int(row[0]) if row else 0
+
+
+@contextmanager
+def private_services(pg_port: int = PG_PORT, redis_port: int = REDIS_PORT) -> Iterator[PrivateServices]:
+    """Started and migrated for the caller, stopped after; a start that fails fails the test loudly."""
+    svc = PrivateServices(pg_port=pg_port, redis_port=redis_port)
+    try:
+        svc.start()
+    except ServiceError as err:
+        with suppress(ServiceError):
+            svc.stop()
+        pytest.fail(f"private PostgreSQL/Redis did not start: {err}", pytrace=False)
+    try:
+        yield svc
+    finally:
+        svc.stop()
 
 
 class Worker:

@@ -6,7 +6,6 @@ restarting those never disturbs anyone else; convergence is checked with `manage
 
 from __future__ import annotations
 
-import contextlib
 import shutil
 import tempfile
 import threading
@@ -20,7 +19,7 @@ from celery import Celery
 from tests.controlplane.kube import wait_for
 from tests.controlplane.launcher import ControlPlane
 from tests.watch.helpers import make
-from tests.watch.services import REDIS_URL, PrivateServices, ServiceError, Worker
+from tests.watch.services import REDIS_URL, PrivateServices, Worker, private_services
 
 CONVERGE = 90.0
 LOGS = Path(tempfile.gettempdir()) / "claimscope-watch-worker-logs"
@@ -30,17 +29,8 @@ pytestmark = pytest.mark.controlplane
 
 @pytest.fixture(scope="module")
 def services() -> Iterator[PrivateServices]:
-    svc = PrivateServices()
-    try:
-        svc.start()
-    except ServiceError as err:
-        with contextlib.suppress(ServiceError):
-            svc.stop()
-        pytest.fail(f"private PostgreSQL/Redis did not start: {err}", pytrace=False)
-    try:
+    with private_services() as svc:
         yield svc
-    finally:
-        svc.stop()
 
 
 @pytest.fixture
