@@ -2,9 +2,9 @@
 
 Workers in other processes (``make demo-stack``, benchmarks) reach a simulated cluster exactly as they
 reach a real one: through a kubeconfig, paged lists (``limit``/``continue``) and chunked watch streams
-(``watch=true``, ``resourceVersion``, ``allowWatchBookmarks``, ``timeoutSeconds``), with bearer-token
-authentication and Status objects for errors (401, 404, 410 Expired inside the stream). Only the read
-paths claimscope uses are served; anything else is a 404 Status.
+(``watch=true``, ``resourceVersion``, ``allowWatchBookmarks``: a BOOKMARK every ``bookmark_seconds``,
+``timeoutSeconds``), with bearer-token authentication and Status objects for errors (401, 404, 410 Expired
+inside the stream). Only the read paths claimscope uses are served; anything else is a 404 Status.
 
 The standard library's threading HTTP server is enough here: one thread per open watch, on loopback.
 """
@@ -41,6 +41,10 @@ PATHS: dict[str, tuple[str, str]] = {
     "/apis/resource.k8s.io/v1/resourceclaimtemplates": ("ResourceClaimTemplate", "resource.k8s.io/v1"),
 }
 MAX_WATCH_SECONDS = 600.0
+#: Seconds between BOOKMARK events on a watch that asked for them (``allowWatchBookmarks``). The real API
+#: server sends one about every minute; ours comes well within the watchers' 70 s silence limit
+#: (``StreamConfig.idle_timeout``) even on a loaded machine, so a quiet kind keeps its connection.
+BOOKMARK_SECONDS = 15.0
 
 
 def status(code: int, reason: str, message: str) -> Obj:
@@ -81,10 +85,20 @@ class _Pages:
 class SimulatorAPIServer(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, cluster: SimulatedCluster, token: str, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self,
+        cluster: SimulatedCluster,
+        token: str,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        bookmark_seconds: float = BOOKMARK_SECONDS,
+    ) -> None:
+        if not bookmark_seconds > 0:  # also refuses NaN
+            raise ValueError(f"bookmark_seconds must be > 0, got {bookmark_seconds!r}")
         super().__init__((host, port), _Handler)
         self.cluster = cluster
         self.token = token
+        self.bookmark_seconds = bookmark_seconds
         self.pages = _Pages()
         self.stopping = threading.Event()
 
@@ -226,7 +240,13 @@ class _Handler(BaseHTTPRequestHandler):
             )
             return
         bookmarks = query.get("allowWatchBookmarks") in ("1", "true", "True")
-        events = self.server.cluster.watch(kind, query.get("resourceVersion", ""), timeout_seconds=timeout)
+        events = self.server.cluster.watch(
+            kind,
+            query.get("resourceVersion", ""),
+            timeout_seconds=timeout,
+            # Periodic bookmarks only for a client that takes them (the others would have them dropped).
+            bookmark_interval=self.server.bookmark_seconds if bookmarks else None,
+        )
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Transfer-Encoding", "chunked")

@@ -59,6 +59,16 @@ def expired_status(requested: str, oldest: int) -> Obj:
     }
 
 
+def progress_bookmark(kind: str, resource_version: int) -> Obj:
+    """A periodic BOOKMARK's object, as the API server's watch cache sends it: an empty object of the kind
+    with only its resourceVersion set (the version the watch has got to; the client resumes from it)."""
+    return {
+        "kind": kind,
+        "apiVersion": API_VERSIONS[kind],
+        "metadata": {"resourceVersion": str(resource_version)},
+    }
+
+
 def object_key(obj: Obj) -> Key:
     meta = obj["metadata"]
     return (meta.get("namespace") or "", meta["name"])
@@ -97,16 +107,29 @@ class SimulatedCluster:
             store = self._store[kind]
             return [store[k] for k in sorted(store)], str(self._rv)
 
-    def watch(self, kind: str, resource_version: str, timeout_seconds: float | None = None) -> Iterator[Obj]:
+    def watch(
+        self,
+        kind: str,
+        resource_version: str,
+        timeout_seconds: float | None = None,
+        bookmark_interval: float | None = None,
+    ) -> Iterator[Obj]:
         """Changes of `kind` after `resource_version`.
 
         "" or "0" starts with synthetic ADDED events for every current object (API server semantics for
         rv=0). Without `timeout_seconds` the watch replays the backlog, sends a BOOKMARK and ends, so a
         single-threaded caller never blocks; with it, it keeps waiting for new changes (made by another
         thread) until the timeout, then ends with a BOOKMARK. A too-old version yields one ERROR (410) event.
+        With `bookmark_interval` too, a BOOKMARK also comes every that many seconds while waiting, as the
+        API server's watch cache sends one about every minute: it tells a client of a quiet kind that the
+        stream is alive and how far it has got, so it neither reconnects for silence nor resumes from a
+        version the history has dropped since.
         """
         self._check_kind(kind)
+        if bookmark_interval is not None and not bookmark_interval > 0:  # also refuses NaN
+            raise ValueError(f"bookmark_interval must be > 0, got {bookmark_interval!r}")
         deadline = None if timeout_seconds is None else time.monotonic() + timeout_seconds
+        next_bookmark = None if bookmark_interval is None else time.monotonic() + bookmark_interval
         if resource_version in ("", "0"):
             items, rv = self.list(kind)
             for obj in items:
@@ -127,12 +150,17 @@ class SimulatedCluster:
             yield from batch
             if deadline is None:
                 break
-            remaining = deadline - time.monotonic()
+            now = time.monotonic()
+            if next_bookmark is not None and bookmark_interval is not None and now >= next_bookmark:
+                yield {"type": "BOOKMARK", "object": progress_bookmark(kind, last)}
+                next_bookmark = now + bookmark_interval
+            remaining = deadline - now
             if remaining <= 0:
                 break
+            wait = remaining if next_bookmark is None else min(remaining, max(0.0, next_bookmark - now))
             with self._cond:
                 if self._rv == last:
-                    self._cond.wait(remaining)
+                    self._cond.wait(wait)
         yield {"type": "BOOKMARK", "object": self._bookmark(kind, last)}
 
     def _events_after(self, kind: str, rv: int) -> tuple[ObjList, int]:

@@ -85,3 +85,55 @@ def test_it_writes_a_kubeconfig_the_kubernetes_client_accepts(server, tmp_path):
     # Raw JSON: the client's typed models reject our nodes' partial nodeInfo (no kubelet fills it).
     nodes: Any = client.CoreV1Api(api).list_node(_preload_content=False)
     assert len(json.loads(nodes.data)["items"]) == 7
+
+
+@pytest.fixture
+def bookmarking():
+    """A server with one node whose watches bookmark every 0.1 s (the default is every 15 s)."""
+    cluster = SimulatedCluster()
+    cluster.create(nvidia.node_object("node-0", "B200"))
+    srv = SimulatorAPIServer(cluster, TOKEN, bookmark_seconds=0.1)
+    srv.serve_in_thread()
+    yield srv
+    srv.stop()
+
+
+def watch_events(server, query):
+    response = get(server, f"/api/v1/nodes?watch=true&timeoutSeconds=1&{query}", preload_content=False)
+    return [json.loads(line) for chunk in response.stream() for line in chunk.splitlines() if line]
+
+
+def test_a_quiet_watch_gets_periodic_bookmarks_carrying_only_the_version(bookmarking):
+    rv = bookmarking.cluster.resource_version
+    events = watch_events(bookmarking, f"resourceVersion={rv}&allowWatchBookmarks=true")
+    *periodic, last = events
+    assert len(periodic) >= 2  # 1 s of silence, a bookmark every 0.1 s
+    assert {e["type"] for e in events} == {"BOOKMARK"}
+    # The API server's format: an empty object of the kind with only its resourceVersion.
+    assert all(
+        e["object"] == {"kind": "Node", "apiVersion": "v1", "metadata": {"resourceVersion": rv}}
+        for e in periodic
+    )
+    assert last["object"]["metadata"]["resourceVersion"] == rv
+
+
+def test_bookmarks_carry_the_version_other_kinds_moved_the_cluster_to(bookmarking):
+    rv = bookmarking.cluster.resource_version
+    device_class = {"kind": "DeviceClass", "apiVersion": "resource.k8s.io/v1", "metadata": {"name": "gpu"}}
+    threading.Timer(0.3, lambda: bookmarking.cluster.create(device_class)).start()
+    events = watch_events(bookmarking, f"resourceVersion={rv}&allowWatchBookmarks=true")
+    versions = [int(e["object"]["metadata"]["resourceVersion"]) for e in events]
+    assert versions[0] == int(rv) and versions[-1] == int(rv) + 1  # the node watch's cursor moves on
+    assert versions == sorted(versions)
+
+
+def test_a_watch_without_allow_watch_bookmarks_gets_none(bookmarking):
+    rv = bookmarking.cluster.resource_version
+    assert watch_events(bookmarking, f"resourceVersion={rv}") == []
+
+
+def test_a_bad_bookmark_interval_is_refused():
+    with pytest.raises(ValueError, match="bookmark_seconds"):
+        SimulatorAPIServer(SimulatedCluster(), TOKEN, bookmark_seconds=0)
+    with pytest.raises(ValueError, match="bookmark_interval"):
+        next(SimulatedCluster().watch("Node", "", timeout_seconds=1, bookmark_interval=-1))
