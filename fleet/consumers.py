@@ -2,6 +2,9 @@
 
 The snapshot/delta logic is :class:`fleet.feed.FleetFeed`; this only moves messages. Deltas are flushed at
 most once per ``fleet_feed.BATCH_SECONDS``: change events inside that window coalesce into one message.
+While connected, the consumer counts as a listener of the process-wide GPU cache: every change event it
+receives goes to :meth:`fleet.feed.FleetFeed.mark`, which passes the pools it names to the cache, so the
+cache re-reads those pools only instead of checking every pool of the fleet.
 
 Each connection also joins its login session's group (:func:`dashboard.security.session_group`): logging
 out sends ``session.end`` there and every socket of that session closes. Rows pass through
@@ -35,6 +38,7 @@ class FleetConsumer(SessionBoundConsumer, AsyncJsonWebsocketConsumer):
 
     feed: fleet_feed.FleetFeed
     flusher: asyncio.Task[None] | None = None
+    listening = False  # counted among the GPU cache's listeners (see fleet.feed.GpuCache.listen)
     lock: asyncio.Lock
     vis: Visibility
 
@@ -52,12 +56,22 @@ class FleetConsumer(SessionBoundConsumer, AsyncJsonWebsocketConsumer):
         self.vis = await database_sync_to_async(visibility_for)(user)
         await self.join_session_group()
         await self.channel_layer.group_add(settings.CLAIMSCOPE_INGEST_GROUP, self.channel_name)
-        await self.accept()
-        await self._send(self.feed.snapshot)
+        fleet_feed.CACHE.listen()  # after joining: the cache checks everything if nobody listened before
+        self.listening = True
+        try:
+            await self.accept()
+            await self._send(self.feed.snapshot)
+        except BaseException:  # the consumer dies without disconnect(): a listener must not outlive it
+            fleet_feed.CACHE.unlisten()
+            self.listening = False
+            raise
 
     async def disconnect(self, code: int) -> None:
         if self.flusher is not None:
             self.flusher.cancel()
+        if self.listening:
+            fleet_feed.CACHE.unlisten()
+            self.listening = False
         await self.leave_session_group()
         if hasattr(self, "feed"):
             await self.channel_layer.group_discard(settings.CLAIMSCOPE_INGEST_GROUP, self.channel_name)
@@ -67,7 +81,8 @@ class FleetConsumer(SessionBoundConsumer, AsyncJsonWebsocketConsumer):
             await self._send(self.feed.snapshot)
 
     async def fleet_change(self, event: dict[str, Any]) -> None:
-        """A committed ingest batch: mark it, and flush within the batching window."""
+        """A committed ingest batch: mark it (its pools in the shared cache, its cluster for this client),
+        and flush within the batching window."""
         if self.feed.mark(event) and self.flusher is None:
             self.flusher = asyncio.ensure_future(self._flush_later())
 
@@ -84,7 +99,10 @@ class FleetConsumer(SessionBoundConsumer, AsyncJsonWebsocketConsumer):
     async def _send(self, build: Any) -> None:
         # One message at a time, in version order: a snapshot and a delta never interleave.
         async with self.lock:
-            message = await database_sync_to_async(build)()
+            # Not Django's one shared sync thread (thread_sensitive): every sync view of this process runs
+            # there, so a slow page would hold every client's deltas behind it. The cache has its own lock
+            # and this feed is used under self.lock, so a pool thread is safe.
+            message = await database_sync_to_async(build, thread_sensitive=False)()
             if message is not None:
                 if "rows" in message:
                     message = {**message, "rows": redact_heatmap_rows(message["rows"], self.vis)}

@@ -7,9 +7,17 @@ gap asks for a new snapshot.
 
 Reading the rows is shared by every connection of the process (:class:`GpuCache`): the physical GPUs of
 every pool are kept in memory with a version of the pool (slice and allocation counts and their last write
-time, two grouped queries), and only pools whose version moved are read again, aggregated per GPU by
-PostgreSQL. Rows for a filter are derived from those records and kept until the next change, so a
-thousand open pages cost one rebuild per change, not a thousand.
+time), and only pools whose version moved are read again, aggregated per GPU by PostgreSQL. Rows for a
+filter are derived from those records and kept until the next change, so a thousand open pages cost one
+rebuild per change, not a thousand.
+
+Which pools to check: while a websocket consumer of the process listens to change events, each event
+names the pools its batch touched (``"pools"``, see :func:`fleet.ingest.change_event`) and only those
+pools' versions and GPUs are read, so a refresh costs what changed, not the fleet. A relist or an event
+without pools has every pool of its cluster checked; the first listener (events before it were heard by
+nobody) and the first refresh ``FULL_CHECK_SECONDS`` after the last full check make a full check (a
+grouped query over every pool): a lost or dropped event converges then. With no listener (a process
+serving pages only) every refresh is a full check, as nothing would tell it what changed.
 """
 
 from __future__ import annotations
@@ -32,11 +40,36 @@ log = logging.getLogger(__name__)
 
 # Kinds whose changes can move a heatmap cell: slices (devices, taints), claims (allocations), nodes (labels).
 RELEVANT_KINDS = frozenset({"ResourceSlice", "ResourceClaim", "Node"})
-BATCH_SECONDS = 0.5  # at most one delta message per this interval
+# At most one delta message per this interval. With a refresh that reads only the changed pools (tens of
+# milliseconds for a 500-event/s churn on the L fleet, bench/README.md) a shorter window costs little and
+# is a quarter of a second off every change's latency; events inside it still coalesce.
+BATCH_SECONDS = 0.25
+# Events name the pools they changed; a full version check (a grouped query over every pool of a cluster,
+# what each refresh cost before: ~0.5 s on the L fleet under load) this often catches what a lost event
+# missed. It delays the delta it falls in, so it is rare: one delta in ~100 at a busy 0.25 s window.
+FULL_CHECK_SECONDS = 30.0
+POOL_KINDS = frozenset({"ResourceSlice", "ResourceClaim"})  # kinds whose events name changed pools
 CACHED_FILTERS = 32  # rows kept for this many distinct filters (least recently used go first)
 PARTIAL_READ_LIMIT = 2000  # more changed pools than this: one read of the whole fleet is cheaper
 LOGGED_GENERATIONS = 64  # rows older than this many changes are rebuilt whole, not node by node
 Node = tuple[int, str]  # cluster id, node name (or pool, for GPUs published without a node)
+Dirty = dict[str, set[tuple[str, str]] | None]  # cluster name -> (driver, pool) changed; None: all of them
+_now = time.monotonic  # the clock of the full checks (tests move it)
+
+
+def event_pools(event: Mapping[str, Any]) -> set[tuple[str, str]] | None:
+    """The (driver, pool) pairs a ``fleet.change`` event says its batch touched; None when it does not say
+    (a relist, an older publisher) or says it in a shape we do not know: then every pool may have moved."""
+    pools = event.get("pools")
+    if event.get("resync") or not isinstance(pools, list):
+        return None
+    out: set[tuple[str, str]] = set()
+    for pair in pools:
+        if not (isinstance(pair, list | tuple) and len(pair) == 2 and all(isinstance(x, str) for x in pair)):
+            log.warning("fleet.change with a malformed pool %r: checking the whole cluster", pair)
+            return None
+        out.add((pair[0], pair[1]))
+    return out
 
 
 class GpuCache:
@@ -46,8 +79,15 @@ class GpuCache:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        # Events are marked from the event loop's thread while a refresh may hold ``_lock`` for a while:
+        # the dirty pools have their own lock, held only to add to them or to take them.
+        self._dirty_lock = threading.Lock()
+        self._dirty: Dirty = {}
+        self._listeners = 0  # consumers of this process receiving change events
+        self._unheard = True  # events may have gone by with nobody listening: the next refresh checks all
         self._reset("")
         self.reads = 0  # pools read from the database since the start (for tests and the benchmark)
+        self.full_checks = 0  # full version checks since the start (for tests and the benchmark)
 
     def _reset(self, database: str) -> None:
         self._database = database
@@ -62,11 +102,57 @@ class GpuCache:
         # What each generation changed: the nodes whose rows to rebuild, or None for "everything".
         self._log: list[tuple[int, set[Node] | None]] = []
         self._rows: OrderedDict[FleetFilter, tuple[int, heatmap.Rows]] = OrderedDict()
+        self._checked_at: float | None = None  # when every pool's version was last checked
 
     def clear(self) -> None:
-        """Forget everything (tests that recreate the database)."""
-        with self._lock:
+        """Forget everything (tests that recreate the database), listeners included."""
+        with self._lock, self._dirty_lock:
             self._reset("")
+            self._dirty, self._listeners, self._unheard = {}, 0, True
+
+    def listen(self) -> None:
+        """A consumer now receives change events (and passes them to :meth:`mark`) until :meth:`unlisten`.
+        Call it after joining the group: with no listener before, events may have been missed."""
+        with self._dirty_lock:
+            if self._listeners == 0:
+                self._unheard = True
+            self._listeners += 1
+
+    def unlisten(self) -> None:
+        with self._dirty_lock:
+            self._listeners = max(0, self._listeners - 1)
+
+    def mark(self, event: Mapping[str, Any]) -> None:
+        """Note the pools a ``fleet.change`` event changed, for the next refresh. Every connection gets
+        every event: marking the same pools again is a no-op."""
+        if event.get("kind") not in POOL_KINDS:
+            return
+        cluster = str(event.get("cluster", ""))
+        pools = event_pools(event)
+        with self._dirty_lock:
+            if pools is None:
+                self._dirty[cluster] = None
+                return
+            have = self._dirty.setdefault(cluster, set())
+            if have is not None:
+                have |= pools
+
+    def _take_dirty(self) -> tuple[Dirty, bool]:
+        """The dirty pools so far (now forgotten), and whether they are all that changed since the last
+        refresh (a listener heard every event meanwhile)."""
+        with self._dirty_lock:
+            dirty, self._dirty = self._dirty, {}
+            heard = self._listeners > 0 and not self._unheard
+            self._unheard = False
+            return dirty, heard
+
+    def _restore_dirty(self, dirty: Dirty, heard: bool) -> None:
+        """Give back what :meth:`_take_dirty` took, after a refresh that failed."""
+        with self._dirty_lock:
+            for cluster, pools in dirty.items():
+                have = self._dirty.get(cluster, set())
+                self._dirty[cluster] = None if pools is None or have is None else have | pools
+            self._unheard = self._unheard or not heard
 
     def rows(self, filters: FleetFilter) -> heatmap.Rows:
         """The heatmap rows for ``filters`` as of now. The returned dict is shared: do not modify it."""
@@ -120,35 +206,90 @@ class GpuCache:
         self._log = [*self._log[-(LOGGED_GENERATIONS - 1) :], (self._generation, nodes)]
 
     def _refresh(self, with_labels: bool) -> None:
+        dirty, heard = self._take_dirty()
+        try:
+            self._refresh_pools(dirty, heard)
+        except Exception:
+            self._restore_dirty(dirty, heard)  # retried by the next refresh
+            raise
+        if with_labels:
+            nodes = selectors.node_versions(self._names)
+            if nodes != self._node_versions:
+                self._labels = selectors.node_labels(list(self._names))
+                self._node_versions = nodes
+                self._bump(None)
+
+    def _refresh_pools(self, dirty: Dirty, heard: bool) -> None:
         database = str(connection.settings_dict.get("NAME"))
         if database != self._database:
             self._reset(database)
         names = dict(Cluster.objects.values_list("id", "name"))
-        if names != self._names:
+        renamed = names != self._names
+        if renamed:
             self._names = names
             self._bump(None)
-        if connection.vendor == "postgresql":
-            # One cheap query per refresh; the per-pool versions only for clusters that changed.
-            clusters = selectors.cluster_versions(names)
-            stale = [cid for cid in names if clusters.get(cid) != self._cluster_versions.get(cid)]
-            self._cluster_versions = clusters
-            versions = {k: v for k, v in self._versions.items() if k[0] in names and k[0] not in stale}
-            if stale:
-                versions |= selectors.pool_versions(stale)
-        else:  # the demo's SQLite: small fleets, read whole every time
+        now = _now()
+        full = (
+            renamed or not heard or self._checked_at is None or now - self._checked_at >= FULL_CHECK_SECONDS
+        )
+        if connection.vendor != "postgresql":  # the demo's SQLite: small fleets, read whole every time
             versions = {k: (self._generation,) for k in self._all_pools(names)}
+        elif full:
+            versions = self._checked_versions(names)
+            self._checked_at = now
+            self.full_checks += 1
+        else:
+            # Only the dirty pools: compared and updated in place, never a pass over every pool.
+            fresh, candidates = self._dirty_versions(names, dirty)
+            changed = {k for k, v in fresh.items() if self._versions.get(k) != v}
+            gone = {k for k in candidates if k not in fresh and k in self._versions}
+            if changed or gone:
+                self._bump(
+                    self._read(list(names), changed, gone, everything=len(changed) > PARTIAL_READ_LIMIT)
+                )
+            for key in gone:
+                del self._versions[key]
+            self._versions.update(fresh)
+            return
         changed = {k for k, v in versions.items() if self._versions.get(k) != v}
         gone = {k for k in self._pools if k not in versions}
         if changed or gone:
             touched = self._read(list(names), changed, gone, everything=len(changed) > PARTIAL_READ_LIMIT)
             self._bump(touched)
         self._versions = versions
-        if with_labels:
-            nodes = selectors.node_versions(names)
-            if nodes != self._node_versions:
-                self._labels = selectors.node_labels(list(names))
-                self._node_versions = nodes
-                self._bump(None)
+
+    def _checked_versions(self, names: Mapping[int, str]) -> dict[PoolKey, tuple[Any, ...]]:
+        """Every pool's version: one cheap query per cluster, the per-pool versions of the clusters that
+        changed since the last full check (a grouped query over all of their pools)."""
+        clusters = selectors.cluster_versions(names)
+        stale = [cid for cid in names if clusters.get(cid) != self._cluster_versions.get(cid)]
+        self._cluster_versions = clusters
+        versions = {k: v for k, v in self._versions.items() if k[0] in names and k[0] not in stale}
+        if stale:
+            versions |= selectors.pool_versions(stale)
+        return versions
+
+    def _dirty_versions(
+        self, names: Mapping[int, str], dirty: Dirty
+    ) -> tuple[dict[PoolKey, tuple[Any, ...]], set[PoolKey]]:
+        """The current versions of the ``dirty`` pools (of every pool of a cluster marked whole), and the
+        pools asked for: one of them missing from the versions has no slice left."""
+        ids = {name: cid for cid, name in names.items()}
+        whole = {ids[n] for n, pools in dirty.items() if pools is None and n in ids}
+        keys = {
+            (ids[n], driver, pool)
+            for n, pools in dirty.items()
+            if pools and n in ids and ids[n] not in whole
+            for driver, pool in pools
+        }
+        fresh: dict[PoolKey, tuple[Any, ...]] = {}
+        candidates = set(keys)
+        if whole:
+            fresh |= selectors.pool_versions(sorted(whole))
+            candidates |= {k for k in self._versions if k[0] in whole}
+        if keys:
+            fresh |= selectors.pool_versions(sorted({k[0] for k in keys}), keys)
+        return fresh, candidates
 
     @staticmethod
     def _all_pools(names: Mapping[int, str]) -> set[PoolKey]:
@@ -260,7 +401,9 @@ class FleetFeed:
         }
 
     def mark(self, event: Mapping[str, Any]) -> bool:
-        """Note a ``fleet.change`` event; True when it may change what this client sees."""
+        """Note a ``fleet.change`` event; True when it may change what this client sees. The shared cache
+        notes the pools it names whatever this client's filters (other clients' rows come from it too)."""
+        CACHE.mark(event)
         cluster = str(event.get("cluster", ""))
         if event.get("kind") not in RELEVANT_KINDS:
             return False

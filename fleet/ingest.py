@@ -93,6 +93,9 @@ class BatchResult:
     deleted: list[tuple[str, ...]] = field(default_factory=list)
     stale: int = 0
     resync: bool = False  # a relist (replace_all): its change event carries counts, not every key
+    # (driver, pool) of every device or allocation row the batch may have written or deleted, old and new:
+    # the heatmap re-reads only these pools. None: not known (a relist, or not PostgreSQL).
+    pools: set[tuple[str, str]] | None = None
 
     @property
     def changed(self) -> bool:
@@ -132,9 +135,14 @@ def apply_batch(
     with transaction.atomic():
         _stream_lock(cluster, kind, exclusive=False)
         result = BatchResult(kind)
+        touched = [*upserts, *deletes]
+        pools = _child_pools(cluster, spec, touched)  # the rows about to be replaced or deleted
         result.written = _upsert(cluster, spec, upserts, observed_at)
         result.stale = len(upserts) - len(result.written)
         result.deleted = _delete(cluster, spec, deletes, observed_at)
+        # ... and those written in their place (nothing written or deleted: no event, no pools needed)
+        after = _child_pools(cluster, spec, touched) if result.changed else set()
+        result.pools = None if pools is None or after is None else pools | after
         if cursor:
             _save_cursor(cluster, kind, cursor)
         _publish_on_commit(cluster, result)
@@ -731,18 +739,61 @@ def _save_cursor(cluster: Cluster, kind: str, cursor: CursorUpdate) -> None:
 # ------------------------------------------------------------------------------------------- events
 
 
+def _has_pool(model: type[models.Model]) -> bool:
+    return {"driver", "pool"} <= {f.column for f in model._meta.concrete_fields}
+
+
+def _child_pools(cluster: Cluster, spec: TableSpec, records: Sequence[Any]) -> set[tuple[str, str]] | None:
+    """(driver, pool) of the stored children with a pool (devices, allocations) of ``records``' objects:
+    children of the records' own uid (or name), and children of the object stored under each record's key
+    (one deleted and recreated under its name while unobserved loses the old uid's children). One query
+    per such child table, whatever the batch size; None when not PostgreSQL (there the heatmap reads
+    everything anyway). Called before and after a batch's writes: the pools it can have changed."""
+    pooled = [c for c in spec.children if _has_pool(c.model)]
+    if not pooled or not records:
+        return set()
+    if connection.vendor != "postgresql":
+        return None
+    qn = connection.ops.quote_name
+    parent = qn(spec.model._meta.db_table)
+    keys = [spec.key_of(r) for r in records]
+    key_columns = ", ".join(f"p.{qn(c)}" for c in spec.natural_key)
+    key_arrays = ", ".join("%s::text[]" for _ in spec.natural_key)
+    out: set[tuple[str, str]] = set()
+    with connection.cursor() as cur:
+        for child in pooled:
+            table, column = qn(child.model._meta.db_table), qn(child.parent_column)
+            cur.execute(
+                f"SELECT c.driver, c.pool FROM {table} c WHERE c.cluster_id = %s AND c.{column} = ANY(%s) "
+                f"UNION SELECT c.driver, c.pool FROM {parent} p JOIN {table} c "
+                f"ON c.cluster_id = p.cluster_id AND c.{column} = p.{qn(child.parent_field)} "
+                f"WHERE p.cluster_id = %s AND ({key_columns}) IN (SELECT * FROM unnest({key_arrays}))",
+                [
+                    cluster.pk,
+                    [child.parent_value(r) for r in records],
+                    cluster.pk,
+                    *([k[i] for k in keys] for i in range(len(spec.natural_key))),
+                ],
+            )
+            out.update((driver, pool) for driver, pool in cur.fetchall())
+    return out
+
+
 def change_event(cluster: Cluster, result: BatchResult) -> dict[str, Any]:
     """The event a committed batch publishes. Every event has "type", "cluster" and "kind" (all that the
     feed and the diagnosis trigger read). A watch batch names the keys it wrote and deleted ("written",
-    "deleted": "name" or "namespace/name"); a relist says ``"resync": True`` with counts only
-    ("written_count", "deleted_count"): listing tens of thousands of keys cost seconds to build and send,
-    and a relist can change anything of its kind anyway."""
+    "deleted": "name" or "namespace/name") and, when known, the pools whose devices or allocations it may
+    have changed ("pools": [driver, pool] pairs, old and new; the heatmap re-reads only those); a relist
+    says ``"resync": True`` with counts only ("written_count", "deleted_count"): listing tens of thousands
+    of keys cost seconds to build and send, and a relist can change anything of its kind anyway."""
     event: dict[str, Any] = {"type": "fleet.change", "cluster": cluster.name, "kind": result.kind}
     if result.resync:
         event.update(resync=True, written_count=len(result.written), deleted_count=len(result.deleted))
     else:
         event["written"] = ["/".join(k) for k in result.written]
         event["deleted"] = ["/".join(k) for k in result.deleted]
+        if result.pools is not None:
+            event["pools"] = [list(p) for p in sorted(result.pools)]
     return event
 
 

@@ -454,6 +454,10 @@ def heatmap_gpu_rows(cluster_ids: Iterable[int], pools: Iterable[PoolKey] | None
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("SET LOCAL work_mem = '64MB'")
         cursor.execute("SET LOCAL max_parallel_workers_per_gather = 0")
+        if pools is not None:
+            # A few pools changed: probe the pool indexes per pool. The planner estimates a sequential scan
+            # of every allocation of the cluster cheaper (38,000 on the L fleet, 20-40 ms, ~1 ms probed).
+            cursor.execute("SET LOCAL enable_seqscan = off")
         cursor.execute(_GPU_SQL.format(**where), params)
         return cursor.fetchall()
 
@@ -481,6 +485,25 @@ FROM (
   WHERE NOT a.admin_access AND a.cluster_id = ANY(%(clusters)s) GROUP BY a.cluster_id, a.driver, a.pool
 ) a ON a.cluster_id = s.cluster_id AND a.driver = s.driver AND a.pool = s.pool
 """
+# The same for the named pools only. Driven by the list (LATERAL, one index probe of the slice and the
+# allocation pool indexes per pool): with ``IN (unnest ...)`` the planner hashes the list and scans every
+# slice and allocation of the cluster, which is what reading only the changed pools is meant to avoid.
+_SOME_POOL_VERSIONS_SQL = f"""
+SELECT p.cluster_id, p.driver, p.pool, s.n, s.t, a.n, a.t
+FROM unnest(%(pool_clusters)s::bigint[], %(pool_drivers)s::text[], %(pool_names)s::text[])
+  AS p(cluster_id, driver, pool)
+CROSS JOIN LATERAL (
+  SELECT count(*) AS n, coalesce({_MICROS.format(column="synced_at")}, 0) AS t FROM fleet_resourceslice
+  WHERE cluster_id = p.cluster_id AND driver = p.driver AND pool = p.pool
+) s
+CROSS JOIN LATERAL (
+  SELECT count(*) AS n, coalesce({_MICROS.format(column="c.synced_at")}, 0) AS t
+  FROM claims_deviceallocation a
+  JOIN claims_resourceclaim c ON c.cluster_id = a.cluster_id AND c.uid = a.claim_uid
+  WHERE NOT a.admin_access AND a.cluster_id = p.cluster_id AND a.driver = p.driver AND a.pool = p.pool
+) a
+WHERE s.n > 0
+"""
 
 
 def cluster_versions(cluster_ids: Iterable[int]) -> dict[int, tuple[int, ...]]:
@@ -499,14 +522,34 @@ def cluster_versions(cluster_ids: Iterable[int]) -> dict[int, tuple[int, ...]]:
     return {cid: tuple(v) for cid, v in out.items()}
 
 
-def pool_versions(cluster_ids: Iterable[int]) -> dict[PoolKey, tuple[int, ...]]:
+def _pool_params(pools: Iterable[PoolKey]) -> dict[str, list[Any]]:
+    keys = sorted(set(pools))
+    return {
+        "pool_clusters": [k[0] for k in keys],
+        "pool_drivers": [k[1] for k in keys],
+        "pool_names": [k[2] for k in keys],
+    }
+
+
+def pool_versions(
+    cluster_ids: Iterable[int], pools: Iterable[PoolKey] | None = None
+) -> dict[PoolKey, tuple[int, ...]]:
     """Per pool, what :func:`cluster_versions` is per cluster: slice and allocation counts and the latest
     write of a slice or of a claim allocated in it. One query (a pool without slices has no devices to
-    show, so pools are those of the slices).
+    show, so pools are those of the slices: a pool of ``pools`` missing from the result has none left).
+    With ``pools``, only those are read (through the slice and allocation pool indexes), so the cost
+    follows what changed, not the size of the clusters.
 
     Precondition: PostgreSQL."""
+    ids = list(cluster_ids)
     with connection.cursor() as cursor:
-        cursor.execute(_POOL_VERSIONS_SQL, {"clusters": list(cluster_ids)})
+        if pools is None:
+            cursor.execute(_POOL_VERSIONS_SQL, {"clusters": ids})
+        else:
+            keys = [k for k in pools if k[0] in ids]
+            if not keys:
+                return {}
+            cursor.execute(_SOME_POOL_VERSIONS_SQL, _pool_params(keys))
         return {(cid, driver, pool): tuple(v) for cid, driver, pool, *v in cursor.fetchall()}
 
 

@@ -63,8 +63,36 @@ def random_batch(rng: random.Random, ed: FleetEditor, state: dict) -> None:
         ed.upsert("Node", node)
 
 
-@pytest.mark.parametrize("seed", [1, 2])
-def test_snapshot_plus_deltas_equals_a_fresh_snapshot_after_random_ingest_batches(fleet, events, seed):
+@pytest.fixture
+def listening():
+    """The shared cache as a websocket consumer makes it: told what changed by the events it is given."""
+    feed.CACHE.listen()
+    yield feed.CACHE
+    feed.CACHE.unlisten()
+
+
+@pytest.fixture
+def pool_reads(monkeypatch):
+    """The pools each ``selectors.pool_versions`` call asked for (None: every pool of the clusters)."""
+    calls: list[set | None] = []
+    real = selectors.pool_versions
+
+    def spy(cluster_ids, pools=None):
+        calls.append(None if pools is None else {k[1:] for k in pools})
+        return real(cluster_ids, pools)
+
+    monkeypatch.setattr(selectors, "pool_versions", spy)
+    return calls
+
+
+@pytest.mark.parametrize(("seed", "listen"), [(1, False), (2, False), (1, True), (3, True)])
+def test_snapshot_plus_deltas_equals_a_fresh_snapshot_after_random_ingest_batches(
+    fleet, events, seed, listen
+):
+    """``listen``: the cache reads only the pools the events name (as under a websocket consumer);
+    otherwise it checks every pool's version on each refresh."""
+    if listen:
+        feed.CACHE.listen()
     rng = random.Random(seed)
     ed = FleetEditor()
     feeds = [feed.FleetFeed(f) for f in FILTERS]
@@ -95,6 +123,10 @@ def test_snapshot_plus_deltas_equals_a_fresh_snapshot_after_random_ingest_batche
     assert changed >= 5  # the sequence really moved most views
 
 
+def allocated_pools(claim: dict) -> list[list[str]]:
+    return sorted({(r["driver"], r["pool"]) for r in claim["status"]["allocation"]["devices"]["results"]})
+
+
 def test_one_change_event_per_batch_after_commit_naming_what_was_written(fleet, events, editor):
     claim = editor.allocated_claims()[0]
     editor.deallocate(claim)
@@ -105,8 +137,90 @@ def test_one_change_event_per_batch_after_commit_naming_what_was_written(fleet, 
             "kind": "ResourceClaim",
             "written": [f"{claim['metadata']['namespace']}/{claim['metadata']['name']}"],
             "deleted": [],
+            "pools": [list(p) for p in allocated_pools(claim)],  # the allocations it dropped
         }
     ]
+
+
+def test_events_name_the_pools_of_deleted_allocations_and_written_slices(fleet, events, editor):
+    claims = editor.allocated_claims()
+    editor.delete("ResourceClaim", claims[0])
+    assert events[-1]["deleted"] and events[-1]["pools"] == [list(p) for p in allocated_pools(claims[0])]
+    # Deleted and recreated under its name while unobserved: the old uid's allocations go, and count.
+    recreated = copy.deepcopy(claims[1])
+    recreated["metadata"]["uid"] = "recreated-uid"
+    recreated.pop("status")
+    editor.upsert("ResourceClaim", recreated)
+    assert events[-1]["pools"] == [list(p) for p in allocated_pools(claims[1])]
+    slice_obj = editor.gpu_slices()[0]
+    editor.taint_devices(slice_obj, 1)
+    assert events[-1]["pools"] == [[slice_obj["spec"]["driver"], slice_obj["spec"]["pool"]["name"]]]
+    editor.upsert("Node", editor.objects["Node"][0])
+    assert events[-1]["pools"] == []  # a node holds no pool's devices
+
+
+def test_a_listening_cache_rereads_only_the_pools_an_event_names(
+    fleet, events, editor, listening, pool_reads
+):
+    before = feed.load_rows(FleetFilter())
+    assert pool_reads == [None]  # the first refresh checks every pool: nothing was heard before it
+    reads, checks = listening.reads, listening.full_checks
+    slice_obj = editor.gpu_slices()[0]
+    editor.taint_devices(slice_obj, 2)
+    feed.FleetFeed(FleetFilter(model="H100")).mark(events[-1])  # any connection's feed marks the cache
+    rows = feed.load_rows(FleetFilter())
+    pool = (slice_obj["spec"]["driver"], slice_obj["spec"]["pool"]["name"])
+    assert pool_reads[1:] == [{pool}]  # that pool's version only, not the cluster's
+    assert listening.reads == reads + 1 and listening.full_checks == checks
+    assert rows != before and rows == feed.rows_from_devices(FleetFilter())
+    claim = editor.allocated_claims()[0]
+    editor.delete("ResourceClaim", claim)  # a deletion marks the pools its allocations were in
+    listening.mark(events[-1])
+    rows = feed.load_rows(FleetFilter())
+    assert pool_reads[2:] == [set(allocated_pools(claim))]
+    assert rows == feed.rows_from_devices(FleetFilter())
+
+
+def test_a_lost_event_converges_at_the_next_full_check(fleet, events, editor, listening, monkeypatch):
+    before = feed.load_rows(FleetFilter())
+    editor.deallocate(editor.allocated_claims()[0])  # its event never reaches the cache
+    assert feed.load_rows(FleetFilter()) == before  # not known yet: the cache trusts its events
+    start = feed._now()
+    monkeypatch.setattr(feed, "_now", lambda: start + feed.FULL_CHECK_SECONDS)
+    rows = feed.load_rows(FleetFilter())
+    assert rows != before and rows == feed.rows_from_devices(FleetFilter())
+
+
+def test_an_event_without_pools_or_a_relist_rechecks_its_whole_cluster(fleet, events, editor, listening):
+    before = feed.load_rows(FleetFilter())
+    editor.deallocate(editor.allocated_claims()[0])
+    listening.mark({"type": "fleet.change", "cluster": "fixtures", "kind": "ResourceClaim", "written": []})
+    checks = listening.full_checks
+    rows = feed.load_rows(FleetFilter())
+    assert rows != before and rows == feed.rows_from_devices(FleetFilter())
+    assert listening.full_checks == checks  # one cluster's pools, without the timer's full check
+    editor.deallocate(editor.allocated_claims()[1])
+    listening.mark({"type": "fleet.change", "cluster": "fixtures", "kind": "ResourceClaim", "resync": True})
+    assert feed.load_rows(FleetFilter()) == feed.rows_from_devices(FleetFilter())
+
+
+def test_the_first_listener_makes_the_cache_check_what_nobody_heard(fleet, editor):
+    feed.CACHE.listen()
+    feed.load_rows(FleetFilter())
+    feed.CACHE.unlisten()
+    editor.deallocate(editor.allocated_claims()[0])  # while no consumer listens: no event marked
+    feed.CACHE.listen()
+    assert feed.load_rows(FleetFilter()) == feed.rows_from_devices(FleetFilter())
+
+
+@pytest.mark.parametrize(
+    "pools",
+    [[["d", "p", "x"]], [["d", 1]], ["d/p"], {"d": "p"}, None],
+    ids=["triple", "int", "str", "dict", "none"],
+)
+def test_an_event_with_malformed_pools_means_every_pool(pools):
+    assert feed.event_pools({"kind": "ResourceSlice", "cluster": "c", "pools": pools}) is None
+    assert feed.event_pools({"kind": "ResourceSlice", "pools": [["d", "p"]]}) == {("d", "p")}
 
 
 def test_a_deallocated_claim_frees_its_gpu_in_the_next_delta(fleet, events, editor):

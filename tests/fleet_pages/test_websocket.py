@@ -137,3 +137,24 @@ async def test_changes_reach_the_group_only_after_commit(session_cookie):
     written = await database_sync_to_async(committed_batch)()
     event = await layer.receive(channel)  # the first event is the committed batch's: nothing came before
     assert event["type"] == "fleet.change" and event["written"] == [written]
+
+
+@run_async
+async def test_after_the_last_client_leaves_pages_still_see_every_change(session_cookie):
+    """A connected consumer tells the shared GPU cache what changed; once it is gone nobody does, so the
+    cache must check every pool again (a page rendered by the same process must not go stale)."""
+    from fleet import feed
+    from fleet.filters import FleetFilter
+
+    ws = WebsocketCommunicator(application, "/ws/fleet/", headers=[ORIGIN, session_cookie])
+    await ws.connect()
+    await ws.receive_json_from(timeout=10)
+    await ws.disconnect()
+
+    def change_then_render():
+        editor = FleetEditor()
+        editor.deallocate(editor.allocated_claims()[0])  # its event reaches no consumer
+        return feed.load_rows(FleetFilter()), feed.rows_from_devices(FleetFilter())
+
+    rows, truth = await database_sync_to_async(change_then_render)()
+    assert rows == truth
