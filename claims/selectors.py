@@ -12,10 +12,12 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import urlencode
 
-from django.db.models import Q
+import orjson
+from django.db.models import Q, TextField
+from django.db.models.functions import Cast
 from django.utils import timezone
 
 from claims.causes import Pending, cause_of
@@ -132,23 +134,40 @@ def _pod_claim_names(pod: Pod) -> tuple[set[str], bool]:
     return names, missing
 
 
+class _PendingClaim(NamedTuple):
+    pk: int
+    cluster: str
+    namespace: str
+    name: str
+    created_at: datetime | None
+    synced_at: datetime
+
+
 def pending_items(vis: Visibility, cluster: str = "", namespace: str = "") -> list[Pending]:
     """Every visible pending claim, and every visible pod waiting for a claim that was never created.
 
     Pods waiting for a pending claim are listed on that claim's row (``Pending.pods``). Diagnoses are the
     stored ones (``None`` until the task ran), redacted for ``vis``. Three queries, one more when a waiting
-    pod's claims are not pending, three more when some pod's claim is missing."""
+    pod's claims are not pending, four more when some pod's claim is missing."""
     scope = Q(cluster__name=cluster) if cluster else Q()
     if namespace:
         scope &= Q(namespace=namespace)
-    claims = list(
-        ResourceClaim.objects.filter(vis.q(), scope, state="pending", deleted_at__isnull=True)
-        .select_related("cluster")
-        .only("id", "cluster__name", "namespace", "name", "created_at", "synced_at")
-    )
-    diagnoses = dict(
-        ClaimDiagnosis.objects.filter(claim_id__in=[c.pk for c in claims]).values_list("claim_id", "result")
-    )
+    # Rows, not model instances: building 2,000 instances was half of the L fleet page's time.
+    claims = [
+        _PendingClaim(*row)
+        for row in ResourceClaim.objects.filter(
+            vis.q(), scope, state="pending", deleted_at__isnull=True
+        ).values_list("id", "cluster__name", "namespace", "name", "created_at", "synced_at")
+    ]
+    # The stored results as text, decoded by orjson: Django decodes JSON columns with the stdlib, which
+    # was a quarter of the page's time for the L fleet's 2,000 pending claims.
+    diagnoses = {
+        claim_id: orjson.loads(text)
+        for claim_id, text in ClaimDiagnosis.objects.filter(claim_id__in=[c.pk for c in claims])
+        .annotate(text=Cast("result", TextField()))
+        .values_list("claim_id", "text")
+        if text is not None
+    }
     waiting = list(
         Pod.objects.filter(vis.q(), scope, node_name="")
         .exclude(claim_refs=[])
@@ -164,11 +183,10 @@ def pending_items(vis: Visibility, cluster: str = "", namespace: str = "") -> li
             "synced_at",
             "claim_refs",
             "claim_statuses",
-            "raw",
-        )
+        )  # not ``raw``: only pods whose claim is missing need it (read by _orphan_items)
     )
     pods_of: dict[tuple[str, str, str], list[str]] = {}
-    pending_names = {(c.cluster.name, c.namespace, c.name) for c in claims}
+    pending_names = {(c.cluster, c.namespace, c.name) for c in claims}
     unsure: list[tuple[Pod, set[str]]] = []  # pods whose claims are neither pending nor surely missing
     orphans: list[Pod] = []
     for pod in waiting:
@@ -183,13 +201,13 @@ def pending_items(vis: Visibility, cluster: str = "", namespace: str = "") -> li
     orphans += _missing_claims(unsure)
     items = [
         Pending(
-            cluster=c.cluster.name,
+            cluster=c.cluster,
             namespace=c.namespace,
             name=c.name,
             since=c.created_at or c.synced_at,
-            result=_redacted(diagnoses.get(c.pk), vis, c.cluster.name),
+            result=_redacted(diagnoses.get(c.pk), vis, c.cluster),
             kind="claim",
-            pods=tuple(sorted(pods_of.get((c.cluster.name, c.namespace, c.name), []))),
+            pods=tuple(sorted(pods_of.get((c.cluster, c.namespace, c.name), []))),
             ref=c.pk,
         )
         for c in claims
@@ -223,7 +241,7 @@ def _redacted(result: Any, vis: Visibility, cluster: str) -> dict[str, Any] | No
 def _orphan_items(pods: list[Pod], vis: Visibility) -> list[Pending]:
     """Pods whose claim was never created, diagnosed now: the engine's not-created path only needs the pod,
     its events, the namespace's templates and the pod's other claims, so a tiny fleet state is enough (no
-    devices). Three queries."""
+    devices). Four queries."""
     if not pods:
         return []
     events: dict[str, list[dict[str, Any]]] = {}
@@ -249,9 +267,10 @@ def _orphan_items(pods: list[Pod], vis: Visibility) -> list[Pending]:
         "cluster_id", "namespace", "raw"
     ):
         existing.setdefault((cluster_id, namespace), []).append({**raw, "kind": "ResourceClaim"})
+    pod_raw = dict(Pod.objects.filter(pk__in=[p.pk for p in pods]).values_list("pk", "raw"))
     out = []
     for pod in pods:
-        raw = {**pod.raw, "kind": "Pod"}
+        raw = {**pod_raw[pod.pk], "kind": "Pod"}
         where = (pod.cluster_id, pod.namespace)
         objs = [raw, *events.get(pod.uid, []), *templates.get(where, []), *existing.get(where, [])]
         state = FleetState.from_objects(objs, cluster=pod.cluster.name)

@@ -6,16 +6,32 @@ only splits "allocated" into reserved (in use by a consumer) and unreserved, and
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
+from django.core.cache import cache
+from django.db import connection
+
+from fleet import selectors
 from fleet.filters import FleetFilter
 from fleet.normalize import FULL_GPU_SLICES
-from fleet.selectors import CounterSets, DeviceKey, FleetSummary, Holder, summarize, unavailable_devices
+from fleet.selectors import (
+    CounterSets,
+    DeviceKey,
+    FleetSummary,
+    GroupCount,
+    Holder,
+    ModelTotals,
+    OverviewGpuRow,
+    OverviewGroupRow,
+    summarize,
+    unavailable_devices,
+)
 
 STALE_AFTER = timedelta(minutes=5)  # no event or bookmark for this long: the stream is stale
 _SLICE = re.compile(r"^memory-?[sS]lice-?(\d+)$")  # static: capacity memorySliceN; dynamic: memory-slice-N
@@ -83,6 +99,55 @@ def cluster_overviews(
             if any(h.state == "reserved" for h in holders.get(key_of(d), ())):
                 reserved[(d["model"], d["kind"], d["mig_profile"])] += 1
         out.append(ClusterOverview(name, summarize(rows, allocated, counter_sets), dict(reserved)))
+    return out
+
+
+def overviews_from_counts(
+    groups: Iterable[OverviewGroupRow],
+    gpus: Iterable[OverviewGpuRow],
+    counter_devices: list[dict[str, Any]],
+    counter_sets: CounterSets,
+    cluster_names: Mapping[int, str],
+) -> list[ClusterOverview]:
+    """What :func:`cluster_overviews` builds from every device, from the database's counts instead
+    (:func:`fleet.selectors.overview_counts`): a group's free and tainted devices
+    are split from its unavailable ones by the counter rule over ``counter_devices`` (the devices that
+    consume counters, with ``allocated``), the only devices whose state needs their counters."""
+    allocated = {key_of(d) for d in counter_devices if d["allocated"]}
+    summaries = {cid: FleetSummary() for cid in cluster_names}
+    reserved: dict[int, dict[tuple[str, str, str], int]] = {cid: {} for cid in cluster_names}
+    by_group: dict[tuple[int, str, str, str], GroupCount] = {}
+    for cid, model, kind, profile, total, n_allocated, n_reserved, tainted, memory in groups:
+        if cid not in summaries:
+            continue
+        g = GroupCount(
+            model, kind, profile, total, n_allocated, 0, tainted, total - n_allocated - tainted, memory
+        )
+        by_group[(cid, model, kind, profile)] = g
+        summaries[cid].groups.append(g)
+        summaries[cid].devices += total
+        summaries[cid].allocated += n_allocated
+        if n_reserved:
+            reserved[cid][(model, kind, profile)] = n_reserved
+    by_key = {key_of(d): d for d in counter_devices}
+    for key in unavailable_devices(counter_devices, allocated, counter_sets):
+        d = by_key[key]
+        g = by_group[(d["cluster_id"], d["model"], d["kind"], d["mig_profile"])]
+        g.unavailable += 1
+        if d["tainted"]:
+            g.tainted -= 1
+        else:
+            g.free -= 1
+    for cid, model, n_gpus, n_mig, used in gpus:
+        if cid in summaries:
+            t = ModelTotals(model, n_gpus, n_gpus - n_mig, n_mig, n_gpus * FULL_GPU_SLICES, used)
+            summaries[cid].models.append(t)
+    out = []
+    for cid, name in sorted(cluster_names.items(), key=lambda item: item[1]):
+        s = summaries[cid]
+        s.groups.sort(key=lambda g: (g.model, g.kind, g.profile))
+        s.models.sort(key=lambda t: t.model)
+        out.append(ClusterOverview(name, s, reserved[cid]))
     return out
 
 
@@ -291,3 +356,47 @@ def fragmentation(gpus: Iterable[MigGpu]) -> list[Fragmentation]:
     for f in acc.values():
         f.free_by_profile = dict(sorted(f.free_by_profile.items()))
     return sorted(acc.values(), key=lambda f: f.model)
+
+
+# ------------------------------------------------------------------------------------- overview loading
+
+
+def overviews_per_device(filters: FleetFilter, cluster_names: Mapping[int, str]) -> list[ClusterOverview]:
+    """The overview's counts from every current device in Python: for databases without the aggregates of
+    :func:`fleet.selectors.overview_counts` (SQLite), and the rule those are tested against."""
+    ids = list(cluster_names)
+    devices, counter_sets = selectors.heatmap_devices(ids, model=filters.model, pool=filters.pool)
+    labels = selectors.node_labels(ids) if filters.label else {}
+    holders = selectors.allocation_holders(ids)
+    return cluster_overviews(narrow(devices, filters, labels), holders, counter_sets, cluster_names)
+
+
+OVERVIEW_CACHE_SECONDS = 600
+
+
+def load_cluster_overviews(filters: FleetFilter, cluster_names: Mapping[int, str]) -> list[ClusterOverview]:
+    """The overview's per-cluster counts for the filters (the state filter applies later, to the rows),
+    from PostgreSQL's aggregates, cached per fleet version: requests between two fleet changes read one
+    cache entry instead of aggregating the whole fleet again."""
+    from fleet import api_selectors  # the summary's fleet version: it changes with every slice or claim
+
+    if connection.vendor != "postgresql":  # the demo's SQLite: a small fleet, counted in Python
+        return overviews_per_device(filters, cluster_names)
+    nodes = None
+    if filters.label:
+        labels = selectors.node_labels(list(cluster_names))
+        nodes = tuple(sorted(k for k, v in labels.items() if filters.matches_labels(v)))
+    scope = selectors.OverviewScope(tuple(sorted(cluster_names)), filters.model, filters.pool, nodes)
+    version = (api_selectors.fleet_version(), sorted(cluster_names.items()), scope)
+    key = "fleet:overview:" + hashlib.sha256(repr(version).encode()).hexdigest()[:32]
+    cached = cache.get(key)
+    if cached is not None:
+        return cast(list[ClusterOverview], cached)
+    counts = selectors.overview_counts(scope)
+    pools = {d["pool"] for d in counts.counter_devices}
+    counter_sets = selectors.overview_counter_sets(scope, pools) if pools else {}
+    out = overviews_from_counts(
+        counts.groups, counts.gpus, counts.counter_devices, counter_sets, cluster_names
+    )
+    cache.set(key, out, timeout=OVERVIEW_CACHE_SECONDS)
+    return out

@@ -72,11 +72,7 @@ def selectors_models() -> list[str]:
 @with_filters
 def fleet_overview(request: HttpRequest, filters: FleetFilter) -> HttpResponse:
     names = _clusters(filters)
-    devices, counter_sets = selectors.heatmap_devices(list(names), model=filters.model, pool=filters.pool)
-    labels = selectors.node_labels(list(names)) if filters.label else {}
-    devices = overview.narrow(devices, filters, labels)
-    holders = selectors.allocation_holders(list(names))
-    clusters = overview.cluster_overviews(devices, holders, counter_sets, names)
+    clusters = overview.load_cluster_overviews(filters, names)
     streams = overview.stream_health(selectors.stream_cursors(list(names)), timezone.now())
     context = {
         "clusters": [

@@ -307,3 +307,19 @@ def test_a_pending_claim_not_diagnosed_yet_is_diagnosed_on_the_page_without_stor
     assert not ClaimDiagnosis.objects.filter(claim=claim).exists()  # the task owns the table
     row = found(r'data-name="research/huge-kv-[^"]+".*?</tr>', unescape(signed_in.get(URL).content.decode()))
     assert "No diagnosis stored yet." in row
+
+
+def test_a_cause_shows_its_first_rows_and_its_permalink_lists_them_all(signed_in, monday, monkeypatch):
+    from claims import views
+
+    monkeypatch.setattr(views, "ROWS_PER_CAUSE", 1)
+    expected = expected_monday()
+    html = unescape(signed_in.get(URL).content.decode())
+    assert Counter(groups_shown(html)) == Counter(expected.groups)  # every cause keeps its count
+    assert len(rows_shown(html)) == len(expected.groups)
+    key = found(r'data-cause="(capacity-[0-9a-f]{10})"', html, 1)
+    more = expected.big_pending - 1
+    assert f'<a href="?cause={key}">{more} more: show all {expected.big_pending}</a>' in html
+    assert len(rows_shown(signed_in.get(URL, {"cause": key}).content.decode())) == expected.big_pending
+    flat = signed_in.get(URL, {"group": "none"}).content.decode()
+    assert len(rows_shown(flat)) == sum(n for _, n in expected.groups)
