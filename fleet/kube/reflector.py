@@ -273,7 +273,17 @@ def ingest_list(cluster: Cluster, kind: str, items: Sequence[Obj], resource_vers
     """Normalize a list's objects and replace the stored set with them; returns how many were stored.
 
     Objects are normalized lazily, a page at a time, as ingest consumes them: on an initial sync that
-    overlaps normalizing with the database's COPY of the rows already sent."""
+    overlaps normalizing with the database's COPY of the rows already sent.
+
+    Each (cluster, kind) stream calls this from its own worker thread with its own database connection, so
+    a cluster's kinds are listed and stored at the same time: their COPYs run in separate PostgreSQL
+    backends (other cores), and one stream's Python work runs while another waits on its socket. The
+    initial sync's exclusive lock is per (cluster, kind), so kinds never wait for each other.
+    ``bench/bench_sync.py fleet`` measures exactly that. Normalizing in a separate process was weighed and
+    left out: on the 2-core benchmark machine the sync is bound by its total CPU (about 7.5 s of Python,
+    all threads, and 8.5 s of server for the L fleet), which a second process cannot lower, and shipping
+    the objects there and the records back (the history hook and the children need them) would add to it.
+    """
     report = ImportReport()
     pages = (
         normalize_many(kind, items[i : i + NORMALIZE_PAGE], report)
@@ -298,14 +308,30 @@ def cyclic_gc_paused() -> Iterator[None]:
     it was on) when the list is stored and picks up whatever cycles were left meanwhile. It is
     process-wide: other threads of this worker run those seconds without cyclic collection too, which only
     delays freeing their cycles.
+
+    The worker's threads relist a cluster's kinds at the same time (all seven streams start together), so
+    the pauses overlap: the collector stays off until the last one ends, and comes back on only if it was
+    on when the first one began (a plain save-and-restore per pause would turn it back on as soon as the
+    first relist ended, under the others still running).
     """
-    was_enabled = gc.isenabled()
-    gc.disable()
+    global _gc_pauses, _gc_was_enabled
+    with _gc_lock:
+        if _gc_pauses == 0:
+            _gc_was_enabled = gc.isenabled()
+            gc.disable()
+        _gc_pauses += 1
     try:
         yield
     finally:
-        if was_enabled:
-            gc.enable()
+        with _gc_lock:
+            _gc_pauses -= 1
+            if _gc_pauses == 0 and _gc_was_enabled:
+                gc.enable()
+
+
+_gc_lock = threading.Lock()
+_gc_pauses = 0  # relists running in this process under cyclic_gc_paused
+_gc_was_enabled = False  # whether the collector was on when the first of them began
 
 
 @dataclass(frozen=True)

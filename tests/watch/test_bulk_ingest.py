@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import copy
 import gc
+import threading
 
 import pytest
+from django.db import connection, transaction
 
 from fleet import ingest
 from fleet.kube import reflector
-from fleet.models import Node
+from fleet.models import Device, Node
 from fleet.normalize import normalize
 from fleet.simulator import nvidia
+from tests.db.test_ingest import node, slice_record
 
 N = ingest.COPY_ROWS + 500
 
@@ -64,3 +67,69 @@ def test_a_relist_pauses_the_cyclic_collector_only_while_it_runs(monkeypatch):
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_overlapping_relists_keep_the_collector_off_until_the_last_one_ends():
+    # The worker's threads relist a cluster's kinds at the same time: the first relist to end must not
+    # turn the collector back on under the others.
+    assert gc.isenabled()
+    first = reflector.cyclic_gc_paused()
+    second = reflector.cyclic_gc_paused()
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)
+    assert not gc.isenabled()
+    second.__exit__(None, None, None)
+    assert gc.isenabled()
+    gc.disable()
+    try:  # off before the first one began: stays off after the last one
+        with reflector.cyclic_gc_paused(), reflector.cyclic_gc_paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_initial_relists_of_two_kinds_of_a_cluster_run_at_the_same_time(monkeypatch):
+    # The worker's threads sync a cluster's kinds concurrently, each on its own connection: the initial
+    # sync's exclusive lock is per (cluster, kind), so one kind's COPY never waits for another's commit.
+    cluster = ingest.get_or_create_cluster("concurrent")
+    fresh: list[tuple[str, bool]] = []
+    lock_if_fresh = ingest._lock_if_fresh
+
+    def spy(cluster, kind, spec):
+        fresh.append((kind, lock_if_fresh(cluster, kind, spec)))
+        return fresh[-1][1]
+
+    monkeypatch.setattr(ingest, "_lock_if_fresh", spy)
+    # No change events: their listeners (diagnosis, summary) are not under test here, and with them an
+    # extra session could outlive the test and block dropping the test database.
+    monkeypatch.setattr(ingest, "_notify", lambda event: None)
+    copied, release = threading.Event(), threading.Event()
+
+    def node_relist() -> None:
+        try:
+            with transaction.atomic():  # holds the Node stream's lock until released
+                ingest.replace_all(cluster, "Node", [node("n1", 1)], 10)
+                copied.set()
+                release.wait(10)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=node_relist)
+    thread.start()
+    try:
+        assert copied.wait(10)
+        with transaction.atomic():
+            with connection.cursor() as cur:
+                cur.execute("SET LOCAL lock_timeout = '5s'")
+            result = ingest.replace_all(cluster, "ResourceSlice", [slice_record("n1", 10, gpus=4)], 10)
+        assert len(result.written) == 1
+        assert Device.objects.filter(cluster=cluster).count() == 4
+        assert not Node.objects.filter(cluster=cluster).exists()  # the other is still uncommitted
+    finally:
+        release.set()
+        thread.join(10)
+    assert fresh == [("Node", True), ("ResourceSlice", True)]
+    assert Node.objects.filter(cluster=cluster).count() == 1
