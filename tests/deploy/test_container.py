@@ -152,6 +152,10 @@ def test_compose_runs_the_web_server_both_worker_queues_and_beat(compose):
             queue = next(arg.split("=", 1)[1] for arg in cmd if arg.startswith("--queues="))
             queues[queue] = name
     assert set(queues) == {"watch", "celery"}
+    # The watch streams run as threads of one process, enough for two clusters' seven streams each.
+    watch = command(services[queues["watch"]])
+    assert "--pool=threads" in watch
+    assert next(a for a in watch if a.startswith("--concurrency=")).endswith(":-16}")
     assert any(
         command(s)[:3] == ["celery", "--app=dashboard", "beat"] for s in services.values() if "command" in s
     )

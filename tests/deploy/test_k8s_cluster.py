@@ -370,6 +370,10 @@ def test_the_roles_run_the_right_commands_with_probes(manifests):
         queues[queue] = name
         assert "inspect ping" in container["livenessProbe"]["exec"]["command"][-1]
     assert queues == {"watch": "worker-watch", "celery": "worker"}
+    # The watch streams run as threads of one process, enough for two clusters' seven streams each.
+    watch = by_name["worker-watch"]["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert "--pool=threads" in watch
+    assert int(next(a for a in watch if a.startswith("--concurrency=")).split("=")[1]) >= 14
     beat = by_name["beat"]
     assert beat["spec"]["replicas"] == 1 and beat["spec"]["strategy"]["type"] == "Recreate"
     assert beat["spec"]["template"]["spec"]["containers"][0]["command"][:3] == [
