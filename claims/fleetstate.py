@@ -7,10 +7,14 @@ page, the API, the CLI and the tests all diagnose the same shapes.
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 from claims.allocator import FleetSnapshot
 from fleet.normalize import model_family
@@ -89,10 +93,17 @@ class FleetState:
         return cls.from_objects(read_files(paths))
 
     @classmethod
-    def from_db(cls, cluster: str | None = None) -> FleetState:
-        """Every mirrored object of one cluster (or of the only cluster) from its stored raw JSON."""
+    def from_db(cls, cluster: str | None = None, *, lean: bool = False) -> FleetState:
+        """Every mirrored object of one cluster (or of the only cluster) from its stored raw JSON.
+
+        ``lean`` keeps of each object only what diagnosing a claim *given from outside* reads (see
+        :func:`lean_object`): the recompute task passes each claim's own stored row, so it needs neither
+        the pods' containers nor the allocated claims' metadata, and the L fleet then fits in a third of
+        the memory (bench/README.md "Memory of the diagnosis task"). Not for ``find``-then-diagnose
+        callers: an allocated claim found here has lost its metadata."""
         from claims import models as cm
         from fleet import models as fm
+        from fleet.kube.reflector import cyclic_gc_paused
 
         clusters = fm.Cluster.objects.all()
         if cluster:
@@ -113,11 +124,21 @@ class FleetState:
             ("Event", cm.SchedulingEvent),
         ]
         objs: list[Obj] = []
-        for kind, model in sources:
-            for raw in model.objects.filter(cluster=chosen).order_by("name").values_list("raw", flat=True):
-                if isinstance(raw, dict):
-                    objs.append({**raw, "kind": kind})
+        shared: dict[Any, Any] = {}
+        with cyclic_gc_paused():  # decoded JSON is trees: the collector would only walk it, many times
+            for kind, model in sources:
+                objs += _stored(kind, model.objects.filter(cluster=chosen), shared if lean else None)
         return cls.from_objects(objs, cluster=chosen.name)
+
+    def release(self) -> None:
+        """Empty the state now: its objects and every index and cache built on it.
+
+        The diagnosis keeps its per-state context on the state, and the context refers back to the state:
+        a reference cycle, so a dropped state is freed only by a full run of the cyclic collector, which a
+        worker's next task may start before (two fleets in memory at once: issue 11's 3.9 GB child)."""
+        empty = FleetState(cluster=self.cluster)
+        self.__dict__.clear()
+        self.__dict__.update(empty.__dict__)
 
     # -- lookups
 
@@ -316,3 +337,134 @@ def _freeze(raw: Any) -> Any:
 def _string(attrs: Obj, name: str, driver: str) -> str:
     raw = attrs.get(name) or attrs.get(f"{driver}/{name}") or {}
     return str(raw.get("string", "")) if isinstance(raw, dict) else ""
+
+
+FETCH_CHUNK = 500  # rows per round trip when streaming stored objects
+
+
+def _stored(kind: str, rows: Any, shared: dict[Any, Any] | None) -> list[Obj]:
+    """The stored objects of ``rows`` (a queryset of one kind) in name order, each with its ``kind``;
+    lean (:func:`lean_object`) when ``shared`` is given. The JSON text is decoded here (orjson) and
+    streamed in chunks: Django's JSONField decoding is slower, and a whole kind's rows fetched at once
+    would sit in memory next to their decoded objects."""
+    from django.db.models import TextField
+    from django.db.models.functions import Cast
+
+    texts = (
+        rows.order_by("name")
+        .annotate(raw_text=Cast("raw", TextField()))
+        .values_list("raw_text", flat=True)
+        .iterator(chunk_size=FETCH_CHUNK)
+    )
+    out: list[Obj] = []
+    for text in texts:
+        raw = decode_json(text)
+        if isinstance(raw, dict):
+            obj = {**raw, "kind": kind}
+            out.append(obj if shared is None else lean_object(obj, shared))
+    return out
+
+
+# 19 digits in a row: maybe an integer beyond 64 bits, which orjson turns into a float (json keeps it).
+_LONG_NUMBER = re.compile(r"\d{19}")
+
+
+def decode_json(text: str | None) -> Any:
+    """The stored JSON text decoded exactly as ``json.loads`` (Django's JSONField) would, by orjson
+    (several times faster) unless the text holds a run of 19 digits or orjson refuses it."""
+    if text is None:
+        return None
+    if not _LONG_NUMBER.search(text):
+        try:
+            return orjson.loads(text)
+        except orjson.JSONDecodeError:
+            pass
+    return json.loads(text)
+
+
+def _pick(obj: Any, keys: frozenset[str]) -> Any:
+    """``obj`` with only ``keys`` (in its own order); anything but an object is kept as it is."""
+    return {k: v for k, v in obj.items() if k in keys} if isinstance(obj, dict) else obj
+
+
+# What the diagnosis, the lint and the allocator replay read of each kind (beyond ``kind``), for
+# ``from_db(lean=True)``. Pods: the claims they use, their node selector and the scheduler's message.
+# Allocated claims: who holds which device since when (status.allocation.devices, reservedFor).
+_META = frozenset({"name", "namespace", "uid", "creationTimestamp"})
+_LEAN_TOP = frozenset({"kind", "metadata", "spec", "status"})
+_POD_SPEC = frozenset({"nodeName", "nodeSelector", "resourceClaims"})
+_POD_STATUS = frozenset({"phase", "conditions", "resourceClaimStatuses"})
+_CLAIM_STATUS = frozenset({"allocation", "reservedFor"})
+_ALLOCATION = frozenset({"devices"})
+_NODE_META = frozenset({"name", "labels"})
+_NODE_TOP = frozenset({"kind", "metadata", "spec"})
+# Parts of a published device whose values repeat across the fleet (product names, capacities, counters).
+_DEVICE_SHARED = ("attributes", "capacity", "consumesCounters", "taints")
+
+
+def lean_object(obj: Obj, shared: dict[Any, Any]) -> Obj:
+    """``obj`` (a fresh decode, changed in place where that is cheaper) keeping what the diagnosis reads.
+
+    Slices keep their spec; equal leaf values of their devices (``{"string": "NVIDIA B200"}``) become
+    one shared dict through ``shared``: read-only like everything in a FleetState, so sharing is safe,
+    and 105,604 devices repeat a few hundred values. Kinds not listed are kept whole."""
+    kind = obj.get("kind")
+    if kind == "ResourceSlice":
+        obj["metadata"] = _pick(obj.get("metadata"), _META)
+        for device in (obj.get("spec") or {}).get("devices") or []:
+            if isinstance(device, dict):
+                for part in _DEVICE_SHARED:
+                    if part in device:
+                        device[part] = _share_named(device[part], shared)
+        return {k: v for k, v in obj.items() if k in _LEAN_TOP}
+    if kind == "Pod":
+        parts = {"metadata": _META, "spec": _POD_SPEC, "status": _POD_STATUS}
+        return {k: _pick(v, parts[k]) if k in parts else v for k, v in obj.items() if k in _LEAN_TOP}
+    if kind == "ResourceClaim":
+        status = obj.get("status")
+        if not (isinstance(status, dict) and status.get("allocation")):
+            return obj  # pending claims are few and may be diagnosed from here: keep them whole
+        lean_status = _pick(status, _CLAIM_STATUS)
+        lean_status["allocation"] = _pick(status["allocation"], _ALLOCATION)
+        return {"kind": kind, "metadata": _pick(obj.get("metadata"), _META), "status": lean_status}
+    if kind == "Node":
+        obj["metadata"] = _pick(obj.get("metadata"), _NODE_META)
+        return {k: v for k, v in obj.items() if k in _NODE_TOP}
+    return obj
+
+
+def _share_named(values: Any, shared: dict[Any, Any]) -> Any:
+    """:func:`share_values` with a fast path for the usual ``{name: {"string": "..."}}`` of attributes
+    and capacities (a third of the lean load's time otherwise)."""
+    if not isinstance(values, dict):
+        return share_values(values, shared)
+    out = {}
+    for name, value in values.items():
+        if type(value) is dict and len(value) == 1:
+            ((k, v),) = value.items()
+            if type(v) in _PLAIN:
+                out[name] = shared.setdefault((k, type(v), v), value)
+                continue
+        out[name] = share_values(value, shared)
+    return out
+
+
+_PLAIN = (str, int, float, bool)
+
+
+def share_values(value: Any, shared: dict[Any, Any]) -> Any:
+    """``value`` with every dict of plain values replaced by the first equal one seen in ``shared``. The
+    order of keys and the type of each value are part of the equality (``{"int": 1}`` is not
+    ``{"int": True}``), so what a reader sees, iteration order included, is unchanged."""
+    if isinstance(value, list):
+        return [share_values(v, shared) for v in value]
+    if not isinstance(value, dict):
+        return value
+    out = {k: share_values(v, shared) for k, v in value.items()}
+    if any(isinstance(v, dict | list) for v in out.values()):
+        return out
+    key = tuple((k, type(v), v) for k, v in out.items())
+    try:
+        return shared.setdefault(key, out)
+    except TypeError:  # not hashable after all
+        return out

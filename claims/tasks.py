@@ -183,10 +183,18 @@ def recompute_diagnoses(self: Any, cluster: str, now: str | None = None) -> dict
 def _recompute(cluster: str, now: str | None) -> dict[str, int]:
     at = datetime.fromisoformat(now) if now else timezone.now()
     try:
-        state = FleetState.from_db(cluster)
+        # Lean: each claim is diagnosed from its own row (store_diagnosis), never looked up in the state.
+        state = FleetState.from_db(cluster, lean=True)
     except LookupError:
         log.warning("recompute_diagnoses: unknown cluster %s", cluster)
         return {}
+    try:
+        return _diagnose_pending(cluster, state, at)
+    finally:
+        state.release()  # now, not at the cyclic collector's next full run (FleetState.release)
+
+
+def _diagnose_pending(cluster: str, state: FleetState, at: datetime) -> dict[str, int]:
     pending = list(ResourceClaim.objects.filter(cluster__name=cluster, state="pending").order_by("id"))
     if pending:
         prepare(state)

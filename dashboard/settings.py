@@ -142,6 +142,10 @@ CELERY_TASK_ALWAYS_EAGER = REDIS_URL is None
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# A backstop, not a cap: a worker child whose resident memory is above this (KiB) when a task ends is
+# replaced by a fresh one; the peak during a task is not limited (bench/README.md "Memory of the diagnosis
+# task": the L fleet's recompute peaks at about 0.6 GB).
+CELERY_WORKER_MAX_MEMORY_PER_CHILD = env_int("CLAIMSCOPE_WORKER_MAX_MEMORY_MB", 1536, minimum=64) * 1024
 # Watchers (fleet/tasks.py, docs/watchers.md): one stream per (cluster, kind) on the "watch" queue.
 CELERY_TASK_ROUTES = {"fleet.tasks.*": {"queue": "watch"}}
 CELERY_BEAT_SCHEDULE = {

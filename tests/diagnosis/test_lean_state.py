@@ -1,0 +1,129 @@
+"""The recompute task's lean fleet (issue 11): what it keeps, and that it diagnoses like the full one."""
+
+from __future__ import annotations
+
+import gc
+import os
+import weakref
+from collections.abc import Iterator
+from io import StringIO
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+from django.db import connection
+
+from claims import tasks
+from claims.diagnosis import diagnose
+from claims.fleetstate import FleetState, decode_json, lean_object, share_values
+from claims.models import ResourceClaim
+
+FLEET = Path(__file__).resolve().parents[1] / "fixtures" / "fleet-small.yaml"
+
+
+@pytest.fixture
+def imported(db: None) -> None:
+    if connection.vendor != "postgresql":
+        pytest.fail(f"database tests need PostgreSQL, got {connection.vendor}")
+    call_command("import_snapshot", str(FLEET), cluster="fixtures", stdout=StringIO())
+
+
+def test_a_lean_state_diagnoses_every_claim_like_the_full_one(imported: None) -> None:
+    full, lean = FleetState.from_db("fixtures"), FleetState.from_db("fixtures", lean=True)
+    claims = list(ResourceClaim.objects.filter(cluster__name="fixtures").order_by("name"))
+    assert any(c.state == "pending" for c in claims) and any(c.state != "pending" for c in claims)
+    for claim in claims:  # as the task does: the claim from its own row
+        raw = {**claim.raw, "kind": "ResourceClaim"}
+        assert diagnose(lean, raw).as_dict() == diagnose(full, raw).as_dict(), claim.name
+
+
+def test_a_lean_state_drops_what_the_diagnosis_never_reads(imported: None) -> None:
+    lean = FleetState.from_db("fixtures", lean=True)
+    pod = lean.objects["Pod"][0]
+    assert set(pod) <= {"kind", "metadata", "spec", "status"} and "containers" not in pod["spec"]
+    allocated = [c for c in lean.objects["ResourceClaim"] if (c.get("status") or {}).get("allocation")]
+    assert allocated and all("spec" not in c and "ownerReferences" not in c["metadata"] for c in allocated)
+    pending = [c for c in lean.objects["ResourceClaim"] if not (c.get("status") or {}).get("allocation")]
+    full = FleetState.from_db("fixtures")
+    assert pending == [
+        c for c in full.objects["ResourceClaim"] if not (c.get("status") or {}).get("allocation")
+    ]
+
+
+def test_equal_device_values_are_shared_but_not_across_types() -> None:
+    shared: dict[Any, Any] = {}
+    a = share_values({"productName": {"string": "NVIDIA B200"}, "n": {"int": 1}}, shared)
+    b = share_values({"productName": {"string": "NVIDIA B200"}, "n": {"int": True}}, shared)
+    assert a["productName"] is b["productName"]
+    assert b["n"] == {"int": True} and b["n"]["int"] is True  # 1 == True, but not the same value
+    assert share_values({"x": {"value": 1.0}}, shared)["x"]["value"].__class__ is float
+
+
+def test_lean_slices_keep_their_devices_and_share_equal_values() -> None:
+    shared: dict[Any, Any] = {}
+    device = {
+        "name": "gpu-0",
+        "capacity": {"memory": {"value": "80Gi"}},
+        "attributes": {"t": {"string": "gpu"}},
+    }
+    slices = [
+        lean_object(
+            {
+                "kind": "ResourceSlice",
+                "metadata": {"name": f"s{i}", "labels": {"a": "b"}},
+                "spec": {"devices": [{**device}]},
+            },
+            shared,
+        )
+        for i in range(2)
+    ]
+    assert [s["spec"]["devices"] for s in slices] == [[device], [device]]
+    assert (
+        slices[0]["spec"]["devices"][0]["capacity"]["memory"]
+        is slices[1]["spec"]["devices"][0]["capacity"]["memory"]
+    )
+    assert slices[0]["metadata"] == {"name": "s0"}
+
+
+def test_stored_json_decodes_like_json_loads_even_beyond_64_bits() -> None:
+    assert decode_json('{"a": [1, 2.5, true, null]}') == {"a": [1, 2.5, True, None]}
+    assert decode_json('{"big": 123456789012345678901234567890}') == {"big": 123456789012345678901234567890}
+    assert decode_json('{"n": -9223372036854775809}') == {"n": -9223372036854775809}
+    assert decode_json('{"x": 1e400}') == {"x": float("inf")}
+    assert decode_json(None) is None
+
+
+@pytest.fixture
+def collector_off() -> Iterator[None]:
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+def test_the_task_frees_its_fleet_without_the_cyclic_collector(
+    imported: None, collector_off: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[weakref.ref[Any]] = []
+    original = FleetState.from_db.__func__  # type: ignore[attr-defined]
+
+    def spy(cls: type[FleetState], cluster: str | None = None, **kw: Any) -> FleetState:
+        state = original(cls, cluster, **kw)
+        seen.append(weakref.ref(state))
+        return state
+
+    monkeypatch.setattr(FleetState, "from_db", classmethod(spy))
+    assert tasks.recompute_diagnoses("fixtures")
+    assert seen and seen[0]() is None  # the context <-> state cycle was broken: freed by refcounting
+
+
+def test_worker_children_above_the_memory_backstop_are_replaced_after_their_task() -> None:
+    from django.conf import settings
+
+    from dashboard.celery import app
+
+    expected = int(os.environ.get("CLAIMSCOPE_WORKER_MAX_MEMORY_MB", "1536")) * 1024  # KiB
+    assert expected == settings.CELERY_WORKER_MAX_MEMORY_PER_CHILD
+    assert app.conf.worker_max_memory_per_child == expected
