@@ -12,6 +12,8 @@ import random
 from locust import HttpUser, between, task
 
 NODES = [f"b200-{i:04d}" for i in range(0, 1800, 37)] + [f"h100-mig-{i:04d}" for i in range(0, 500, 23)]
+if os.environ.get("CLAIMSCOPE_BENCH_NODES"):  # bench_e2e.py --source controlplane: its own node names
+    NODES = os.environ["CLAIMSCOPE_BENCH_NODES"].split(",")
 
 
 class Operator(HttpUser):
