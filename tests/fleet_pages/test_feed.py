@@ -123,7 +123,7 @@ def test_snapshot_plus_deltas_equals_a_fresh_snapshot_after_random_ingest_batche
     assert changed >= 5  # the sequence really moved most views
 
 
-def allocated_pools(claim: dict) -> list[list[str]]:
+def allocated_pools(claim: dict) -> list[tuple[str, str]]:
     return sorted({(r["driver"], r["pool"]) for r in claim["status"]["allocation"]["devices"]["results"]})
 
 
