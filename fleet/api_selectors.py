@@ -28,7 +28,7 @@ from django.db.models import (
     Window,
 )
 
-from fleet import selectors
+from fleet import commit_counter, selectors
 from fleet.models import Cluster, Device, ResourceSlice
 from fleet.normalize import FULL_GPU_SLICES
 from fleet.selectors import FleetSummary, GroupCount, ModelTotals
@@ -178,12 +178,14 @@ def _merge(summaries: list[FleetSummary]) -> FleetSummary:
 
 
 def fleet_version() -> tuple[Any, ...]:
-    """Changes whenever ingest writes or deletes a slice (and its devices) or a claim (and its
-    allocations): ingest stamps ``synced_at`` on every row it writes; a delete changes a count."""
+    """Changes whenever ingest commits a change: the generation it bumps after each commit
+    (:mod:`fleet.commit_counter`), and, should the cache lose that counter, the row counts and the latest
+    ``synced_at`` ingest stamps on every slice or claim it writes."""
     claim = apps.get_model("claims", "ResourceClaim")
     slices = ResourceSlice.objects.aggregate(n=Count("id"), t=Max("synced_at"))
     claims = claim.objects.aggregate(n=Count("id"), t=Max("synced_at"))
-    return (Cluster.objects.count(), slices["n"], slices["t"], claims["n"], claims["t"])
+    counts = (Cluster.objects.count(), slices["n"], slices["t"], claims["n"], claims["t"])
+    return (commit_counter.current(), *counts)
 
 
 SUMMARY_LATEST_KEY = "api:summary:latest"  # (version key, summary) of the last computed summary

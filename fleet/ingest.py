@@ -27,6 +27,7 @@ from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connection, connections, models, transaction
 from django.utils import timezone
 
+from fleet import commit_counter
 from fleet.models import Cluster, Device, DeviceClass, Node, ResourceSlice, WatchCursor
 from fleet.normalize import DeviceClassRecord, NodeRecord, Record, SliceRecord
 
@@ -816,6 +817,7 @@ def _publish_on_commit(cluster: Cluster, result: BatchResult) -> None:
 
 
 def _notify(event: dict[str, Any]) -> None:
+    commit_counter.bump()  # first: a page that reads the new count must find the committed rows
     publish(event)
     for listener in _listeners:
         try:

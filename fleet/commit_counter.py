@@ -1,0 +1,37 @@
+"""The fleet's commit counter: a counter ingest bumps after each batch commits, so cache keys follow commits.
+
+Cache keys built only from row counts and ``max(synced_at)`` can miss a committed change: ingest stamps
+``synced_at`` before its transaction commits, so a batch that stamped earlier but committed later (two
+streams at once) leaves the maximum where it was and the cached overview or summary stays stale until
+it expires. Bumping a shared counter after the commit orders every key after the change it must show:
+a reader that sees the new count also sees the committed rows.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from django.core.cache import cache
+
+log = logging.getLogger(__name__)
+
+KEY = "fleet:commits"
+
+
+def bump() -> None:
+    """Count one committed fleet change (called on commit; a cache failure is logged, never raised:
+    the row counts and timestamps in the keys still move with most changes)."""
+    try:
+        if not cache.add(KEY, 1, timeout=None):
+            cache.incr(KEY)
+    except Exception:
+        log.exception("could not count a fleet commit; cached overviews may lag until they expire")
+
+
+def current() -> int:
+    """The count now (0 before the first change, or when the cache is unreachable)."""
+    try:
+        return int(cache.get(KEY, 0))
+    except Exception:
+        log.exception("could not read the fleet commit counter")
+        return 0
