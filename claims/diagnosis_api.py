@@ -238,8 +238,9 @@ class WhatIfView(APIView):
             return _error(str(exc.args[0]), status.HTTP_404_NOT_FOUND)
         vis = visibility_for(request.user)
         cluster = state.cluster
-        # Pods using a claim of a namespace the user may not see are not looked at (see claims.views).
-        result = diagnose(state, claim, pods_in=lambda namespace: vis.allows(cluster, namespace)).as_dict()
+        with state:  # released when done, not at the collector's next full run (FleetState.release)
+            # Pods using a claim of a namespace the user may not see are not looked at (see claims.views).
+            result = diagnose(state, claim, pods_in=lambda ns: vis.allows(cluster, ns)).as_dict()
         # The result names the claims holding matching devices: hide those of other namespaces.
         return Response(redact_diagnosis(result, vis, cluster))
 
@@ -261,7 +262,8 @@ class ClaimDiagnosisView(APIView):
         if stored is None:
             from claims.tasks import store_diagnosis
 
-            stored = store_diagnosis(FleetState.from_db(claim.cluster.name), claim)
+            with FleetState.from_db(claim.cluster.name) as state:
+                stored = store_diagnosis(state, claim)
         result = redact_diagnosis(stored.result, visibility_for(request.user), claim.cluster.name)
         return Response({**result, "computed_at": stored.computed_at, "claim_id": claim.pk})
 

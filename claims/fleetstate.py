@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -125,10 +126,21 @@ class FleetState:
         ]
         objs: list[Obj] = []
         shared: dict[Any, Any] = {}
-        with cyclic_gc_paused():  # decoded JSON is trees: the collector would only walk it, many times
+        # Decoded JSON is trees: the collector would only walk it, many times. Only the lean load (the
+        # diagnosis task, one at a time per worker process) pauses it: web requests load full states
+        # concurrently and without end, and their overlapping pauses could keep the collector off for as
+        # long as requests keep coming, process-wide.
+        with cyclic_gc_paused() if lean else nullcontext():
             for kind, model in sources:
                 objs += _stored(kind, model.objects.filter(cluster=chosen), shared if lean else None)
         return cls.from_objects(objs, cluster=chosen.name)
+
+    def __enter__(self) -> FleetState:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """``with FleetState.from_db(...) as state:`` releases the state when the block ends."""
+        self.release()
 
     def release(self) -> None:
         """Empty the state now: its objects and every index and cache built on it.

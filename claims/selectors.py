@@ -348,7 +348,8 @@ def diagnosis_page(vis: Visibility, claim: ResourceClaim) -> ClaimDiagnosisPage:
     if stored is not None:
         result, computed_at = stored.result, stored.computed_at
     elif claim.state == "pending":
-        result = diagnose(FleetState.from_db(cluster.name), {**claim.raw, "kind": "ResourceClaim"}).as_dict()
+        with FleetState.from_db(cluster.name) as state:
+            result = diagnose(state, {**claim.raw, "kind": "ResourceClaim"}).as_dict()
         computed_at = timezone.now()
     else:
         result, computed_at = None, None

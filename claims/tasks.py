@@ -188,10 +188,8 @@ def _recompute(cluster: str, now: str | None) -> dict[str, int]:
     except LookupError:
         log.warning("recompute_diagnoses: unknown cluster %s", cluster)
         return {}
-    try:
+    with state:  # released now, not at the cyclic collector's next full run (FleetState.release)
         return _diagnose_pending(cluster, state, at)
-    finally:
-        state.release()  # now, not at the cyclic collector's next full run (FleetState.release)
 
 
 def _diagnose_pending(cluster: str, state: FleetState, at: datetime) -> dict[str, int]:

@@ -153,9 +153,9 @@ def _whatif(form: WhatIfForm, vis: Visibility) -> dict[str, Any] | None:
         return None
     # Pods of a claim named in a namespace the user may not see are not looked at (their scheduling
     # messages, even their existence, are not the user's to know): the claim is diagnosed as a new one.
-    result = diagnose(
-        state, form.cleaned_data["spec"], pods_in=lambda namespace: vis.allows(cluster, namespace)
-    ).as_dict()
+    with state:  # released when done (FleetState.release)
+        spec = form.cleaned_data["spec"]
+        result = diagnose(state, spec, pods_in=lambda namespace: vis.allows(cluster, namespace)).as_dict()
     return with_holder_urls(dict(redact_diagnosis(result, vis, cluster)), cluster)
 
 

@@ -14,7 +14,7 @@ import pytest
 from django.core.management import call_command
 from django.db import connection
 
-from claims import tasks
+from claims import fleetstate, tasks
 from claims.diagnosis import diagnose
 from claims.fleetstate import FleetState, decode_json, lean_object, share_values
 from claims.models import ResourceClaim
@@ -104,8 +104,17 @@ def collector_off() -> Iterator[None]:
 
 
 def test_the_task_frees_its_fleet_without_the_cyclic_collector(
-    imported: None, collector_off: None, monkeypatch: pytest.MonkeyPatch
+    imported: None, collector_off: None, from_db_spy: list[weakref.ref[Any]]
 ) -> None:
+    assert tasks.recompute_diagnoses("fixtures")
+    assert (
+        from_db_spy and from_db_spy[0]() is None
+    )  # the context <-> state cycle was broken: freed by refcounting
+
+
+@pytest.fixture
+def from_db_spy(monkeypatch: pytest.MonkeyPatch) -> list[weakref.ref[Any]]:
+    """Weak references to every state ``FleetState.from_db`` returns."""
     seen: list[weakref.ref[Any]] = []
     original = FleetState.from_db.__func__  # type: ignore[attr-defined]
 
@@ -115,8 +124,53 @@ def test_the_task_frees_its_fleet_without_the_cyclic_collector(
         return state
 
     monkeypatch.setattr(FleetState, "from_db", classmethod(spy))
-    assert tasks.recompute_diagnoses("fixtures")
-    assert seen and seen[0]() is None  # the context <-> state cycle was broken: freed by refcounting
+    return seen
+
+
+def test_only_the_lean_load_pauses_the_collector(imported: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Web requests load full states concurrently: their pauses could overlap without end.
+    enabled: list[bool] = []
+    original = fleetstate._stored
+
+    def spy(kind: str, rows: Any, shared: dict[Any, Any] | None) -> list[Any]:
+        enabled.append(gc.isenabled())
+        return original(kind, rows, shared)
+
+    monkeypatch.setattr(fleetstate, "_stored", spy)
+    assert gc.isenabled()
+    FleetState.from_db("fixtures")
+    assert enabled and all(enabled)
+    enabled.clear()
+    FleetState.from_db("fixtures", lean=True)
+    assert enabled and not any(enabled)
+    assert gc.isenabled()
+
+
+def test_web_diagnoses_free_their_fleet_without_the_cyclic_collector(
+    imported: None, collector_off: None, from_db_spy: list[weakref.ref[Any]]
+) -> None:
+    from django.contrib.auth import get_user_model
+    from rest_framework.test import APIRequestFactory, force_authenticate
+
+    from claims.diagnosis_api import ClaimDiagnosisView, WhatIfView
+    from claims.models import ClaimDiagnosis
+    from claims.selectors import diagnosis_page
+    from dashboard.visibility import Visibility, grant_all_namespaces
+
+    user = get_user_model().objects.create_user("oncall", password="x-long-enough-password")
+    grant_all_namespaces(user)
+    pending = ResourceClaim.objects.filter(cluster__name="fixtures", state="pending").order_by("name")
+    assert not ClaimDiagnosis.objects.exists()  # each path below computes a diagnosis now
+    factory = APIRequestFactory()
+    request = factory.post("/api/v1/whatif", {**pending[0].raw, "kind": "ResourceClaim"}, format="json")
+    force_authenticate(request, user)
+    assert WhatIfView.as_view()(request).status_code == 200
+    request = factory.get(f"/api/v1/claims/{pending[0].pk}/diagnosis")
+    force_authenticate(request, user)
+    assert ClaimDiagnosisView.as_view()(request, pk=pending[0].pk).status_code == 200
+    assert diagnosis_page(Visibility.everything(), pending[1]).result is not None
+    assert len(from_db_spy) == 3
+    assert [ref() for ref in from_db_spy] == [None] * 3  # freed by refcounting: released, cycle broken
 
 
 def test_worker_children_above_the_memory_backstop_are_replaced_after_their_task() -> None:
