@@ -745,13 +745,16 @@ def _has_pool(model: type[models.Model]) -> bool:
 
 
 def _child_pools(cluster: Cluster, spec: TableSpec, records: Sequence[Any]) -> set[tuple[str, str]] | None:
-    """(driver, pool) of the stored children with a pool (devices, allocations) of ``records``' objects:
-    children of the records' own uid (or name), and children of the object stored under each record's key
-    (one deleted and recreated under its name while unobserved loses the old uid's children). One query
-    per such child table, whatever the batch size; None when not PostgreSQL (there the heatmap reads
-    everything anyway). Called before and after a batch's writes: the pools it can have changed."""
+    """(driver, pool) of the stored rows with a pool of ``records``' objects: the objects' own (a slice,
+    including one that publishes only counters and so has no device rows) and their children's (devices,
+    allocations). Children of the records' own uid (or name), and of the object stored under each
+    record's key (one deleted and recreated under its name while unobserved loses the old uid's
+    children). One query per such table, whatever the batch size; None when not PostgreSQL (there the
+    heatmap reads everything anyway). Called before and after a batch's writes: the pools it can have
+    changed."""
     pooled = [c for c in spec.children if _has_pool(c.model)]
-    if not pooled or not records:
+    parent_pooled = _has_pool(spec.model)
+    if not (pooled or parent_pooled) or not records:
         return set()
     if connection.vendor != "postgresql":
         return None
@@ -760,21 +763,20 @@ def _child_pools(cluster: Cluster, spec: TableSpec, records: Sequence[Any]) -> s
     keys = [spec.key_of(r) for r in records]
     key_columns = ", ".join(f"p.{qn(c)}" for c in spec.natural_key)
     key_arrays = ", ".join("%s::text[]" for _ in spec.natural_key)
+    by_key = f"p.cluster_id = %s AND ({key_columns}) IN (SELECT * FROM unnest({key_arrays}))"
+    key_params = [cluster.pk, *([k[i] for k in keys] for i in range(len(spec.natural_key)))]
     out: set[tuple[str, str]] = set()
     with connection.cursor() as cur:
+        if parent_pooled:
+            cur.execute(f"SELECT p.driver, p.pool FROM {parent} p WHERE {by_key}", key_params)
+            out.update((driver, pool) for driver, pool in cur.fetchall())
         for child in pooled:
             table, column = qn(child.model._meta.db_table), qn(child.parent_column)
             cur.execute(
                 f"SELECT c.driver, c.pool FROM {table} c WHERE c.cluster_id = %s AND c.{column} = ANY(%s) "
                 f"UNION SELECT c.driver, c.pool FROM {parent} p JOIN {table} c "
-                f"ON c.cluster_id = p.cluster_id AND c.{column} = p.{qn(child.parent_field)} "
-                f"WHERE p.cluster_id = %s AND ({key_columns}) IN (SELECT * FROM unnest({key_arrays}))",
-                [
-                    cluster.pk,
-                    [child.parent_value(r) for r in records],
-                    cluster.pk,
-                    *([k[i] for k in keys] for i in range(len(spec.natural_key))),
-                ],
+                f"ON c.cluster_id = p.cluster_id AND c.{column} = p.{qn(child.parent_field)} WHERE {by_key}",
+                [cluster.pk, [child.parent_value(r) for r in records], *key_params],
             )
             out.update((driver, pool) for driver, pool in cur.fetchall())
     return out

@@ -159,6 +159,23 @@ def test_events_name_the_pools_of_deleted_allocations_and_written_slices(fleet, 
     assert events[-1]["pools"] == []  # a node holds no pool's devices
 
 
+def test_events_name_the_pool_of_a_slice_that_publishes_only_counters(fleet, events, editor):
+    # No device rows: the slice's own pool is named, so the heatmap re-reads the pool's counter sets.
+    (counters,) = [s for s in editor.objects["ResourceSlice"] if not s["spec"].get("devices")]
+    assert counters["spec"]["sharedCounters"]
+    pool = [counters["spec"]["driver"], counters["spec"]["pool"]["name"]]
+    changed = copy.deepcopy(counters)
+    changed["spec"]["sharedCounters"][0]["counters"] = {}
+    editor.upsert("ResourceSlice", changed)
+    assert events[-1]["written"] and events[-1]["pools"] == [pool]
+    moved = copy.deepcopy(changed)
+    moved["spec"]["pool"]["name"] = "elsewhere"
+    editor.upsert("ResourceSlice", moved)
+    assert events[-1]["pools"] == sorted([pool, [pool[0], "elsewhere"]])  # the old pool and the new
+    editor.delete("ResourceSlice", moved)
+    assert events[-1]["deleted"] and events[-1]["pools"] == [[pool[0], "elsewhere"]]
+
+
 def test_a_listening_cache_rereads_only_the_pools_an_event_names(
     fleet, events, editor, listening, pool_reads
 ):
