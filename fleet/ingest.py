@@ -764,7 +764,7 @@ def _child_pools(cluster: Cluster, spec: TableSpec, records: Sequence[Any]) -> s
     key_columns = ", ".join(f"p.{qn(c)}" for c in spec.natural_key)
     key_arrays = ", ".join("%s::text[]" for _ in spec.natural_key)
     by_key = f"p.cluster_id = %s AND ({key_columns}) IN (SELECT * FROM unnest({key_arrays}))"
-    key_params = [cluster.pk, *([k[i] for k in keys] for i in range(len(spec.natural_key)))]
+    key_params: list[Any] = [cluster.pk, *([k[i] for k in keys] for i in range(len(spec.natural_key)))]
     out: set[tuple[str, str]] = set()
     with connection.cursor() as cur:
         if parent_pooled:
