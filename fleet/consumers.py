@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import orjson
@@ -29,6 +30,13 @@ from fleet import feed as fleet_feed
 from fleet.filters import FilterError, parse_filters
 
 log = logging.getLogger(__name__)
+
+# The feed's own threads, not asyncio's default executor (cores + 4 threads): each thread that touches the
+# database keeps a persistent connection (DB_CONN_MAX_AGE), so this bounds a web process's feed
+# connections at FEED_THREADS. Builds of different connections mostly wait on the shared cache's lock
+# anyway: more threads would add connections, not throughput.
+FEED_THREADS = 2
+FEED_EXECUTOR = ThreadPoolExecutor(max_workers=FEED_THREADS, thread_name_prefix="fleet-feed")
 BAD_REQUEST = BAD_QUERY  # 4400: a bad query-string parameter
 UNAUTHORIZED = SESSION_ENDED  # 4401: not logged in, or the session ended (logout)
 
@@ -101,8 +109,8 @@ class FleetConsumer(SessionBoundConsumer, AsyncJsonWebsocketConsumer):
         async with self.lock:
             # Not Django's one shared sync thread (thread_sensitive): every sync view of this process runs
             # there, so a slow page would hold every client's deltas behind it. The cache has its own lock
-            # and this feed is used under self.lock, so a pool thread is safe.
-            message = await database_sync_to_async(build, thread_sensitive=False)()
+            # and this feed is used under self.lock, so another thread is safe.
+            message = await database_sync_to_async(build, thread_sensitive=False, executor=FEED_EXECUTOR)()
             if message is not None:
                 if "rows" in message:
                     message = {**message, "rows": redact_heatmap_rows(message["rows"], self.vis)}

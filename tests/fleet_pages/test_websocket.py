@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
@@ -9,7 +11,8 @@ from channels.testing import WebsocketCommunicator
 from django.conf import settings
 
 from dashboard.asgi import application
-from fleet.consumers import BAD_REQUEST, UNAUTHORIZED
+from fleet import feed
+from fleet.consumers import BAD_REQUEST, FEED_EXECUTOR, FEED_THREADS, UNAUTHORIZED
 from tests.fleet_pages.conftest import FIXTURE_GPUS, FleetEditor
 from tests.websockets import ORIGIN, in_memory_channel_layer, run_async, session_cookie
 
@@ -64,6 +67,37 @@ async def test_a_logged_in_client_gets_a_snapshot_then_a_delta_after_an_ingest_b
     delta = await ws.receive_json_from(timeout=10)
     assert delta["type"] == "delta" and delta["version"] == 2 and delta["rows"]
     await ws.disconnect()
+
+
+@run_async
+async def test_feed_messages_are_built_on_the_feeds_own_few_threads(session_cookie, monkeypatch):
+    # Not the shared sync thread (a slow page would delay deltas), nor the default executor (a database
+    # connection for each of its threads): the feed's bounded pool.
+    threads: list[str] = []
+    for name in ("snapshot", "delta"):
+        original = getattr(feed.FleetFeed, name)
+
+        def spy(self, _original=original):
+            threads.append(threading.current_thread().name)
+            return _original(self)
+
+        monkeypatch.setattr(feed.FleetFeed, name, spy)
+    sockets = [WebsocketCommunicator(application, "/ws/fleet/", headers=[ORIGIN, session_cookie])]
+    sockets.append(WebsocketCommunicator(application, "/ws/fleet/", headers=[ORIGIN, session_cookie]))
+    for ws in sockets:
+        assert (await ws.connect())[0]
+        assert (await ws.receive_json_from(timeout=10))["type"] == "snapshot"
+
+    def deallocate_one():
+        editor = FleetEditor()
+        editor.deallocate(editor.allocated_claims()[0])
+
+    await database_sync_to_async(deallocate_one)()
+    for ws in sockets:
+        assert (await ws.receive_json_from(timeout=10))["type"] == "delta"
+        await ws.disconnect()
+    assert len(threads) == 4 and all(t.startswith("fleet-feed") for t in threads), threads
+    assert FEED_EXECUTOR._max_workers == FEED_THREADS == 2
 
 
 @run_async
