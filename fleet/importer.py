@@ -29,6 +29,8 @@ assert set(INGEST_ORDER) == set(KINDS)
 @dataclass
 class ImportReport:
     written: dict[str, int] = field(default_factory=dict)
+    # Already stored at the same or a newer resourceVersion: left as stored (the version fence).
+    unchanged: dict[str, int] = field(default_factory=dict)
     filtered: dict[str, int] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
 
@@ -55,4 +57,5 @@ def import_objects(cluster: Cluster, grouped: dict[str, list[dict[str, Any]]]) -
             changes = [ingest.Change("upsert", r) for r in records]
             result = ingest.apply_batch(cluster, kind, changes)
             report.written[kind] = len(result.written)
+            report.unchanged[kind] = result.stale
     return report

@@ -100,6 +100,26 @@ def test_mig_memory_is_never_added_to_its_gpu(imported):
     assert Device.objects.filter(model="H200", kind="mig").count() > 8
 
 
+def test_an_edited_file_at_the_same_versions_is_reported_unchanged_until_replace(imported, tmp_path):
+    # The version fence keeps an object stored at the same resourceVersion: the command says so instead
+    # of seeming to import the edit, and --replace imports the file as it is.
+    doc = yaml.safe_load((FIXTURES / "fleet-small.yaml").read_text())
+    node = next(o for o in doc["items"] if o["kind"] == "Node")
+    node["metadata"].setdefault("labels", {})["edited"] = "yes"
+    edited = tmp_path / "edited.yaml"
+    edited.write_text(yaml.safe_dump(doc))
+    out = StringIO()
+    call_command("import_snapshot", str(edited), cluster="fixtures", stdout=out)
+    assert f"Node: 0 written, {EXPECTED['nodes']} unchanged" in out.getvalue()
+    assert "pass --replace" in out.getvalue()
+    assert "edited" not in Node.objects.get(name=node["metadata"]["name"]).labels
+    out = StringIO()
+    call_command("import_snapshot", str(edited), cluster="fixtures", replace=True, stdout=out)
+    assert f"Node: {EXPECTED['nodes']} written" in out.getvalue() and "unchanged" not in out.getvalue()
+    assert Node.objects.get(name=node["metadata"]["name"]).labels["edited"] == "yes"
+    assert ResourceClaim.objects.count() == EXPECTED["claims"]["total"]  # everything else again
+
+
 def test_a_malformed_object_is_reported_by_name_and_the_rest_imported(tmp_path):
     docs = list(yaml.safe_load_all((FIXTURES / "fleet-small.yaml").read_text()))
     items = [i for d in docs for i in d["items"] if i["kind"] == "Node"]

@@ -1,4 +1,4 @@
-"""python manage.py import_snapshot FILE... --cluster NAME"""
+"""python manage.py import_snapshot FILE... --cluster NAME [--replace]"""
 
 from __future__ import annotations
 
@@ -19,6 +19,12 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("files", nargs="+", metavar="FILE")
         parser.add_argument("--cluster", required=True, help="cluster name (created when new)")
+        parser.add_argument(
+            "--replace",
+            action="store_true",
+            help="forget everything stored for the cluster first (its history and diagnoses too), then "
+            "import: for re-importing edited files whose objects kept their resourceVersion",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
@@ -26,16 +32,28 @@ class Command(BaseCommand):
         except SnapshotError as exc:
             raise CommandError(str(exc)) from None
         grouped, skipped = by_kind(objects)
+        if options["replace"]:
+            ingest.drop_cluster(options["cluster"])
         cluster = ingest.get_or_create_cluster(options["cluster"])
         report = importer.import_objects(cluster, grouped)
         for kind in importer.INGEST_ORDER:
-            if report.written.get(kind) or report.filtered.get(kind):
+            if report.written.get(kind) or report.unchanged.get(kind) or report.filtered.get(kind):
                 line = f"{kind}: {report.written.get(kind, 0)} written"
+                if report.unchanged.get(kind):
+                    line += f", {report.unchanged[kind]} unchanged"
                 if report.filtered.get(kind):
                     line += f", {report.filtered[kind]} not relevant (no GPU claims / reason not tracked)"
                 self.stdout.write(line)
         if skipped:
             self.stdout.write("ignored kinds: " + ", ".join(skipped))
+        if unchanged := sum(report.unchanged.values()):
+            # Ingest keeps what is stored at the same or a newer resourceVersion (the same object, as far
+            # as Kubernetes is concerned): say so, or an edited file would seem imported.
+            self.stdout.write(
+                f"{unchanged} object(s) were already stored at the same or a newer resourceVersion and "
+                "were left as stored; to import edited objects, raise their metadata.resourceVersion "
+                "or pass --replace"
+            )
         for error in report.errors:
             self.stderr.write(f"skipped malformed object: {error}")
         if report.errors:
