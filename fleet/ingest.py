@@ -215,7 +215,23 @@ def replace_all(
         if cursor:
             _save_cursor(cluster, kind, CursorUpdate(list_resource_version, "watching", objects=count))
         _publish_on_commit(cluster, result)
+    if fresh:
+        _analyze(spec)
     return result
+
+
+def _analyze(spec: TableSpec) -> None:
+    """Refresh the planner's statistics of the kind's tables after an initial sync.
+
+    Until autovacuum analyzes the new rows (a minute or more), the planner believes the tables nearly
+    empty: the heatmap's read of a few changed pools then took 26 s for 100 pools and 251 s for 10 on the
+    L fleet (0.02 s once analyzed), and the live feed stalled for the first minute of a new deployment.
+    ANALYZE samples a fixed number of rows (about 0.1-0.5 s per large table) and blocks no reader or
+    writer."""
+    qn = connection.ops.quote_name
+    tables = ", ".join(qn(m._meta.db_table) for m in (spec.model, *(c.model for c in spec.children)))
+    with connection.cursor() as cur:
+        cur.execute(f"ANALYZE {tables}")
 
 
 def _stored_versions(cluster: Cluster, spec: TableSpec) -> dict[tuple[str, ...], Decimal]:
