@@ -341,7 +341,10 @@ def latencies(probes: list[list[Any]], client: FeedClient) -> tuple[list[float],
     A message counts only before the next write of the same value to the same cell: after it, showing the
     value may be that later write's doing. A change undone before any message showed it (released and given
     back within one feed window) is then missed, not matched with the next cycle of the same claim (which
-    made a p99 of 169 s out of a few such changes in a 5-minute churn of 500 nodes).
+    made a p99 of 169 s out of a few such changes in a 5-minute churn of 500 nodes). Only a message that
+    turns the probed part of the cell (its slices, or its taint flag) into the value counts: a taint put on
+    and taken off within a window leaves the flag shown off, and the next message changing the cell's
+    slices must not count as showing "taint off" (one such match made a 68-s maximum).
     """
     same: dict[tuple[str, int, str, int], list[float]] = defaultdict(list)
     for t, row, index, what, value in probes:
@@ -356,13 +359,16 @@ def latencies(probes: list[list[Any]], client: FeedClient) -> tuple[list[float],
         seen = client.changes.get((row, index), [])
         times = [c[0] for c in seen]
         i = bisect.bisect_left(times, t)
-        for when, slices, tainted in seen[i:]:
+        part = 1 if what == "slices" else 2
+        want = value if what == "tainted" else (7 if value else 0)
+        for k in range(i, len(seen)):
+            when = seen[k][0]
             if when >= limit:
                 missed += 1
                 break
-            got = slices if what == "slices" else tainted
-            want = value if what == "tainted" else (7 if value else 0)
-            if got == want:
+            # The cell's first change after the snapshot: what it was before is not kept, so it counts.
+            turned = k == 0 or seen[k - 1][part] != want
+            if seen[k][part] == want and turned:
                 out.append(when - t)
                 break
         else:
