@@ -137,3 +137,62 @@ def test_a_lost_commit_counter_still_changes_the_key_with_the_rows(fleet):
     FleetEditor().deallocate(FleetEditor().allocated_claims()[0])
     after = overview.load_cluster_overviews(FleetFilter(), names)
     assert shown(after, "") == shown(per_device(FleetFilter()), "") != shown(before, "")
+
+
+@pytest.fixture
+def concurrent_request(monkeypatch):
+    """Arms a request for the whole fleet to arrive while the next computation runs; what it got."""
+    got: list[list[overview.ClusterOverview]] = []
+    armed: list[bool] = []
+    real = selectors.overview_counts
+
+    def computing(scope):
+        if armed:
+            armed.clear()
+            got.append(overview.load_cluster_overviews(FleetFilter(), _clusters(FleetFilter())))
+        return real(scope)
+
+    monkeypatch.setattr(selectors, "overview_counts", computing)
+
+    def arm() -> list[list[overview.ClusterOverview]]:
+        armed.append(True)
+        return got
+
+    return arm
+
+
+def test_a_request_during_another_ones_computation_gets_the_previous_counts(fleet, concurrent_request):
+    before = overview.load_cluster_overviews(FleetFilter(), _clusters(FleetFilter()))
+    FleetEditor().deallocate(FleetEditor().allocated_claims()[0])
+    got = concurrent_request()
+    after = overview.load_cluster_overviews(FleetFilter(), _clusters(FleetFilter()))
+    (during,) = got
+    assert shown(during, "") == shown(before, "") != shown(after, "") == shown(per_device(FleetFilter()), "")
+
+
+def test_previous_counts_older_than_the_limit_are_not_served(fleet, concurrent_request, monkeypatch):
+    overview.load_cluster_overviews(FleetFilter(), _clusters(FleetFilter()))
+    FleetEditor().deallocate(FleetEditor().allocated_claims()[0])
+    monkeypatch.setattr(overview, "OVERVIEW_STALE_SECONDS", -1)
+    got = concurrent_request()
+    after = overview.load_cluster_overviews(FleetFilter(), _clusters(FleetFilter()))
+    (during,) = got  # computed its own
+    assert shown(during, "") == shown(after, "") == shown(per_device(FleetFilter()), "")
+
+
+def test_a_failed_computation_lets_the_next_request_compute(fleet, monkeypatch):
+    overview.load_cluster_overviews(FleetFilter(), _clusters(FleetFilter()))
+    FleetEditor().deallocate(FleetEditor().allocated_claims()[0])
+    real = selectors.overview_counts
+    monkeypatch.setattr(selectors, "overview_counts", lambda scope: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        overview.load_cluster_overviews(FleetFilter(), _clusters(FleetFilter()))
+    calls: list[object] = []
+
+    def counting(scope):
+        calls.append(scope)
+        return real(scope)
+
+    monkeypatch.setattr(selectors, "overview_counts", counting)
+    after = overview.load_cluster_overviews(FleetFilter(), _clusters(FleetFilter()))
+    assert calls and shown(after, "") == shown(per_device(FleetFilter()), "")
