@@ -105,7 +105,13 @@ ASGI_APPLICATION = "dashboard.asgi.application"
 WSGI_APPLICATION = None
 
 if DATABASE_URL:
-    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=env_int("DB_CONN_MAX_AGE", 60))}
+    # Health checks: a persistent connection the server dropped (restart, failover, idle timeout) is
+    # replaced at the next request or feed build instead of failing it.
+    DATABASES = {
+        "default": dj_database_url.parse(
+            DATABASE_URL, conn_max_age=env_int("DB_CONN_MAX_AGE", 60), conn_health_checks=True
+        )
+    }
 else:
     DATABASES = {
         "default": {

@@ -117,12 +117,18 @@ def issuer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Issuer]:
         yield Issuer(f"{url}/o", secret, rp_port, data)
 
 
+SERVER_NAME = "claimscope-oidc-test"  # the spawned server's application_name in pg_stat_activity
+
+
 @contextmanager
 def claimscope(issuer: Issuer, **overrides: str) -> Iterator[tuple[str, Path]]:
     """claimscope (uvicorn, the ASGI app) on the test database, with SSO configured from the environment;
     yields its URL and its log file."""
     db = connection.settings_dict
-    database_url = f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
+    # Named, so that only its connections are ended afterwards.
+    database_url = (
+        f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}?application_name={SERVER_NAME}"
+    )
     env = _base_env() | {
         "DATABASE_URL": database_url,
         "CLAIMSCOPE_OIDC_ISSUER": issuer.url,
@@ -140,11 +146,13 @@ def claimscope(issuer: Issuer, **overrides: str) -> Iterator[tuple[str, Path]]:
     log = issuer.data / f"claimscope-{secrets.token_hex(4)}.log"
     with _process(args, env, f"{base}/healthz", log, "claimscope"):
         yield base, log
-    # Its connections to the test database must end before pytest-django drops it.
+    # Its connections to the test database must end before pytest-django drops it. Only its own: this
+    # process's persistent connections (the live feed's threads) must not die under the next tests.
     with connection.cursor() as cur:
         cur.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            " WHERE datname = current_database() AND application_name = %s",
+            [SERVER_NAME],
         )
 
 
