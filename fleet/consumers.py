@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -23,6 +24,7 @@ import orjson
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
+from django.db import close_old_connections
 
 from dashboard.security import BAD_QUERY, SESSION_ENDED, SessionBoundConsumer
 from dashboard.visibility import Visibility, redact_heatmap_rows, visibility_for
@@ -37,6 +39,23 @@ log = logging.getLogger(__name__)
 # anyway: more threads would add connections, not throughput.
 FEED_THREADS = 2
 FEED_EXECUTOR = ThreadPoolExecutor(max_workers=FEED_THREADS, thread_name_prefix="fleet-feed")
+
+
+def _with_checked_connection(build: Callable[[], Any]) -> Callable[[], Any]:
+    """``build`` after Django's per-request connection check, run inside the call itself.
+
+    ``database_sync_to_async`` runs that check too, but on this executor it does not reach the connection
+    the call then uses: a persistent connection the server dropped (restart, failover, a terminated
+    backend) failed the next snapshot or delta with "terminating connection due to administrator command"
+    instead of being replaced (tests/fleet_pages/test_websocket.py)."""
+
+    def run() -> Any:
+        close_old_connections()  # with CONN_HEALTH_CHECKS: a dead connection is replaced before use
+        return build()
+
+    return run
+
+
 BAD_REQUEST = BAD_QUERY  # 4400: a bad query-string parameter
 UNAUTHORIZED = SESSION_ENDED  # 4401: not logged in, or the session ended (logout)
 
@@ -110,7 +129,9 @@ class FleetConsumer(SessionBoundConsumer, AsyncJsonWebsocketConsumer):
             # Not Django's one shared sync thread (thread_sensitive): every sync view of this process runs
             # there, so a slow page would hold every client's deltas behind it. The cache has its own lock
             # and this feed is used under self.lock, so another thread is safe.
-            message = await database_sync_to_async(build, thread_sensitive=False, executor=FEED_EXECUTOR)()
+            message = await database_sync_to_async(
+                _with_checked_connection(build), thread_sensitive=False, executor=FEED_EXECUTOR
+            )()
             if message is not None:
                 if "rows" in message:
                     message = {**message, "rows": redact_heatmap_rows(message["rows"], self.vis)}

@@ -9,6 +9,7 @@ from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 from django.conf import settings
+from django.db import connection
 
 from dashboard.asgi import application
 from fleet import feed
@@ -98,6 +99,25 @@ async def test_feed_messages_are_built_on_the_feeds_own_few_threads(session_cook
         await ws.disconnect()
     assert len(threads) == 4 and all(t.startswith("fleet-feed") for t in threads), threads
     assert FEED_EXECUTOR._max_workers == FEED_THREADS == 2
+
+
+def test_a_feed_connection_the_server_dropped_is_replaced(session_cookie):
+    @run_async
+    async def snapshot() -> str:
+        ws = WebsocketCommunicator(application, "/ws/fleet/", headers=[ORIGIN, session_cookie])
+        assert (await ws.connect())[0]
+        message = await ws.receive_json_from(timeout=10)
+        await ws.disconnect()
+        return message["type"]
+
+    assert snapshot() == "snapshot"  # the feed's threads now hold persistent connections
+    with connection.cursor() as cur:  # a restarted server, a failover: every other backend ends
+        cur.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+    assert snapshot() == "snapshot"
+    assert snapshot() == "snapshot"
 
 
 @run_async
