@@ -178,7 +178,7 @@ def _merge(summaries: list[FleetSummary]) -> FleetSummary:
 
 
 def fleet_version() -> tuple[Any, ...]:
-    """Changes whenever ingest commits a change: the generation it bumps after each commit
+    """Changes whenever ingest commits a change: the counter it bumps after each commit
     (:mod:`fleet.commit_counter`), and, should the cache lose that counter, the row counts and the latest
     ``synced_at`` ingest stamps on every slice or claim it writes."""
     claim = apps.get_model("claims", "ResourceClaim")

@@ -14,8 +14,12 @@ def test_a_connection_the_server_dropped_is_replaced_at_the_next_request():
         cur.execute("SELECT pg_backend_pid()")
         (pid,) = cur.fetchone()
     # Another session ends ours, as a restarted or failed-over server would.
-    with connection.copy().cursor() as other:
-        other.execute("SELECT pg_terminate_backend(%s)", [pid])
+    other = connection.copy()
+    try:
+        with other.cursor() as cur:
+            cur.execute("SELECT pg_terminate_backend(%s)", [pid])
+    finally:
+        other.close()
     close_old_connections()  # a new request (or feed build) begins
     assert Cluster.objects.count() == 0  # not "terminating connection due to administrator command"
     with connection.cursor() as cur:
