@@ -5,7 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from claims import history
-from claims.models import DeviceAllocation, Pod, ResourceClaim, ResourceClaimTemplate, SchedulingEvent
+from claims.models import (
+    DeviceAllocation,
+    Pod,
+    PodClaimUse,
+    ResourceClaim,
+    ResourceClaimTemplate,
+    SchedulingEvent,
+)
 from fleet.ingest import ChildSpec, TableSpec, register
 from fleet.normalize import ClaimRecord, EventRecord, PodRecord, TemplateRecord
 
@@ -61,6 +68,13 @@ def _pod_row(r: PodRecord) -> dict[str, Any]:
     }
 
 
+def _claim_use_rows(r: PodRecord) -> list[dict[str, Any]]:
+    return [
+        {"pod_uid": r.meta.uid, "namespace": r.meta.namespace, "claim_name": name}
+        for name in sorted(r.claim_names())
+    ]
+
+
 def _event_row(r: EventRecord) -> dict[str, Any]:
     return {
         "reason": r.reason,
@@ -99,5 +113,22 @@ def register_all() -> None:
         ),
     )
     register("ResourceClaimTemplate", TableSpec(ResourceClaimTemplate, NAMESPACED, _template_row))
-    register("Pod", TableSpec(Pod, NAMESPACED, _pod_row))
+    register(
+        "Pod",
+        TableSpec(
+            Pod,
+            NAMESPACED,
+            _pod_row,
+            children=(
+                ChildSpec(
+                    PodClaimUse,
+                    parent_column="pod_uid",
+                    parent_field="uid",
+                    parent_value=lambda r: r.meta.uid,
+                    rows=_claim_use_rows,
+                    conflict=("pod_uid", "claim_name"),
+                ),
+            ),
+        ),
+    )
     register("Event", TableSpec(SchedulingEvent, NAMESPACED, _event_row))

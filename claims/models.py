@@ -135,6 +135,26 @@ class Pod(NamespacedObject):
         indexes = [models.Index(fields=["cluster", "scheduled_status"], name="pod_scheduled")]
 
 
+class PodClaimUse(models.Model):
+    """A claim a pod uses (by name, in the pod's namespace): the pod's direct references and the claims
+    generated from its templates. Written by ingest with the pod (a child row), so "which pods use this
+    claim" is an indexed lookup on every database instead of a JSON containment query."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE)
+    pod_uid = models.CharField(max_length=128)
+    namespace = models.CharField(max_length=63)
+    claim_name = models.CharField(max_length=253)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["cluster", "pod_uid", "claim_name"], name="pod_claim_use_key")
+        ]
+        indexes = [models.Index(fields=["cluster", "namespace", "claim_name"], name="pod_claim_use_claim")]
+
+    def __str__(self) -> str:
+        return f"{self.pod_uid} uses {self.namespace}/{self.claim_name}"
+
+
 class SchedulingEvent(NamespacedObject):
     """A Kubernetes Event that explains a stuck pod or claim (FailedScheduling and the like)."""
 

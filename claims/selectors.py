@@ -16,16 +16,24 @@ from typing import Any, NamedTuple
 from urllib.parse import urlencode
 
 import orjson
-from django.db.models import Q, TextField
+from django.db.models import Q, QuerySet, TextField
 from django.db.models.functions import Cast
 from django.utils import timezone
 
 from claims.causes import Pending, cause_of
 from claims.diagnosis import diagnose
 from claims.fleetstate import FleetState
-from claims.models import ClaimDiagnosis, Pod, ResourceClaim, ResourceClaimTemplate, SchedulingEvent
+from claims.models import (
+    ClaimDiagnosis,
+    Pod,
+    PodClaimUse,
+    ResourceClaim,
+    ResourceClaimTemplate,
+    SchedulingEvent,
+)
 from dashboard.visibility import Visibility, redact_diagnosis
 from fleet.models import Cluster
+from fleet.normalize import pod_claim_names
 
 SORTS = ("age", "-age", "namespace", "cluster", "name")
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
@@ -122,16 +130,7 @@ def sort_items(items: Iterable[Pending], sort: str) -> list[Pending]:
 
 def _pod_claim_names(pod: Pod) -> tuple[set[str], bool]:
     """(names of the claims the pod uses, whether some reference has no claim yet)."""
-    statuses = {s.get("name"): s.get("resourceClaimName") for s in pod.claim_statuses or []}
-    names: set[str] = set()
-    missing = False
-    for ref in pod.claim_refs or []:
-        name = ref.get("resourceClaimName") or statuses.get(ref.get("name"))
-        if name:
-            names.add(str(name))
-        else:
-            missing = True
-    return names, missing
+    return pod_claim_names(pod.claim_refs, pod.claim_statuses)
 
 
 class _PendingClaim(NamedTuple):
@@ -339,6 +338,13 @@ def claim_for_diagnosis(vis: Visibility, cluster: str, namespace: str, name: str
     )
 
 
+def pods_using(claim: ResourceClaim) -> QuerySet[PodClaimUse]:
+    """The uses of ``claim`` by pods (directly or through a template), as stored by ingest."""
+    return PodClaimUse.objects.filter(
+        cluster_id=claim.cluster_id, namespace=claim.namespace, claim_name=claim.name
+    )
+
+
 def diagnosis_page(vis: Visibility, claim: ResourceClaim) -> ClaimDiagnosisPage:
     """The stored diagnosis (computed now, not stored, when a pending claim has none yet: the task owns the
     table), the claim's pods and their scheduling events, newest first."""
@@ -355,10 +361,7 @@ def diagnosis_page(vis: Visibility, claim: ResourceClaim) -> ClaimDiagnosisPage:
         result, computed_at = None, None
     pods = list(
         Pod.objects.filter(vis.q(), cluster=cluster, namespace=claim.namespace)
-        .filter(
-            Q(claim_statuses__contains=[{"resourceClaimName": claim.name}])
-            | Q(claim_refs__contains=[{"resourceClaimName": claim.name}])
-        )
+        .filter(uid__in=pods_using(claim).values("pod_uid"))
         .order_by("name")
     )
     uids = [claim.uid, *(p.uid for p in pods)]

@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import lru_cache
@@ -205,6 +205,10 @@ class PodRecord:
     claim_statuses: list[dict[str, str]]  # status.resourceClaimStatuses
     gpu_requests: int  # GPU extended resources asked for
 
+    def claim_names(self) -> set[str]:
+        """The names of the ResourceClaims this pod uses (see ``pod_claim_names``)."""
+        return pod_claim_names(self.claim_refs, self.claim_statuses)[0]
+
 
 @dataclass(frozen=True, slots=True)
 class EventRecord:
@@ -328,6 +332,12 @@ def parse_resource_version(value: Any, obj: str = "object") -> int:
 
 
 _STRIP_METADATA = ("managedFields",)
+# What the API server accepts for the names of every kind we watch (apimachinery's IsDNS1123Subdomain and
+# IsDNS1123Label): an object named otherwise never came from a real cluster (a hand-edited snapshot, a
+# broken source), and such a name would break the links of every page that lists it.
+_DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_SUBDOMAIN_NAME = re.compile(rf"{_DNS_LABEL}(\.{_DNS_LABEL})*")
+_NAMESPACE_NAME = re.compile(_DNS_LABEL)
 
 
 def _meta(obj: Any, kind: str, namespaced: bool) -> tuple[Meta, _Reader]:
@@ -338,7 +348,11 @@ def _meta(obj: Any, kind: str, namespaced: bool) -> tuple[Meta, _Reader]:
     md = r.mapping(obj.get("metadata"), "metadata", required=True)
     uid = r.string(md.get("uid"), "metadata.uid", required=True, max_len=128)
     obj_name = r.string(md.get("name"), "metadata.name", required=True, max_len=253)
+    if not _SUBDOMAIN_NAME.fullmatch(obj_name):
+        raise r.fail("metadata.name", f"{obj_name[:80]!r} is not a valid name (lowercase DNS subdomain)")
     namespace = r.string(md.get("namespace"), "metadata.namespace", required=namespaced, max_len=63)
+    if namespaced and not _NAMESPACE_NAME.fullmatch(namespace):
+        raise r.fail("metadata.namespace", f"{namespace[:80]!r} is not a valid namespace (DNS label)")
     # managedFields are large and say nothing we show; drop them from the stored copy.
     raw = dict(obj)
     raw["metadata"] = {k: v for k, v in md.items() if k not in _STRIP_METADATA}
@@ -831,6 +845,26 @@ def pod_uses_gpus(obj: dict[str, Any]) -> bool:
     if spec.get("resourceClaims"):
         return True
     return _gpu_requests(spec) > 0
+
+
+def pod_claim_names(
+    claim_refs: Sequence[Mapping[str, Any]], claim_statuses: Sequence[Mapping[str, Any]]
+) -> tuple[set[str], bool]:
+    """(names of the claims a pod uses, whether some reference has no claim yet).
+
+    A reference names its claim directly (``resourceClaimName``) or through a template, whose generated
+    claim's name the pod's ``status.resourceClaimStatuses`` gives once the claim controller made it.
+    """
+    statuses = {s.get("name"): s.get("resourceClaimName") for s in claim_statuses or []}
+    names: set[str] = set()
+    missing = False
+    for ref in claim_refs or []:
+        name = ref.get("resourceClaimName") or statuses.get(ref.get("name"))
+        if name:
+            names.add(str(name))
+        else:
+            missing = True
+    return names, missing
 
 
 def _gpu_requests(spec: dict[str, Any]) -> int:

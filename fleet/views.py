@@ -243,6 +243,7 @@ def claim_detail(request: HttpRequest, cluster: str, namespace: str, name: str) 
     claim_model = apps.get_model("claims", "ResourceClaim")
     allocation_model = apps.get_model("claims", "DeviceAllocation")
     pod_model = apps.get_model("claims", "Pod")
+    pod_use_model = apps.get_model("claims", "PodClaimUse")
     event_model = apps.get_model("claims", "SchedulingEvent")
     c = get_object_or_404(Cluster, name=cluster)
     # A claim in a namespace the user may not see is a 404, like a missing one: existence is not confirmed.
@@ -254,11 +255,8 @@ def claim_detail(request: HttpRequest, cluster: str, namespace: str, name: str) 
         (d.driver, d.pool, d.name): d
         for d in Device.objects.filter(cluster=c, pool__in={a.pool for a in allocations})
     }
-    pods = list(
-        pod_model.objects.filter(
-            cluster=c, namespace=namespace, claim_statuses__contains=[{"resourceClaimName": name}]
-        )
-    )
+    uses = pod_use_model.objects.filter(cluster=c, namespace=namespace, claim_name=name)
+    pods = list(pod_model.objects.filter(cluster=c, namespace=namespace, uid__in=uses.values("pod_uid")))
     consumer_uids = [str(r.get("uid", "")) for r in claim.reserved_for if isinstance(r, dict)]
     uids = [claim.uid, *(p.uid for p in pods), *consumer_uids]
     events = event_model.objects.filter(visibility_for(request.user).q(), cluster=c, involved_uid__in=uids)

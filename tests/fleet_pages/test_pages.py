@@ -122,6 +122,8 @@ def test_the_claim_page_shows_spec_allocation_pods_and_holders(signed_in):
     for allocation in claim.allocations.all():
         assert allocation.device_name in page
     assert claim.reserved_for[0]["name"] in page
+    # The pods table lists the pod that uses it (found through the stored pod-claim uses, on every database).
+    assert f"<tr><td>{claim.namespace}/{claim.reserved_for[0]['name']}</td>" in page
 
 
 def test_the_cluster_page_lists_nodes_and_streams(signed_in):

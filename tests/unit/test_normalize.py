@@ -179,6 +179,27 @@ def test_a_malformed_object_names_itself_and_the_field():
     assert slice_obj["metadata"]["name"] in str(err.value)
 
 
+@pytest.mark.parametrize(
+    ("namespace", "name", "field"),
+    [
+        ("ml", "<b>x</b>", "metadata.name"),
+        ("ml", "=1+2", "metadata.name"),
+        ("ml", "a/b", "metadata.name"),
+        ("ml", "Upper", "metadata.name"),
+        ("=cmd", "ok", "metadata.namespace"),
+        ("a.b", "ok", "metadata.namespace"),
+    ],
+)
+def test_a_name_the_api_server_would_refuse_is_refused_naming_the_field(namespace, name, field):
+    obj = {
+        "metadata": {"name": name, "namespace": namespace, "uid": "u", "resourceVersion": "1"},
+        "spec": {"devices": {"requests": []}},
+    }
+    with pytest.raises(NormalizeError) as err:
+        normalize("ResourceClaim", obj)
+    assert err.value.field == field
+
+
 def test_resource_versions_up_to_128_bits_are_kept_exactly():
     obj = {"metadata": {"name": "n", "uid": "u", "resourceVersion": str(2**128 - 1)}}
     assert normalize("Node", obj).meta.resource_version == 2**128 - 1
