@@ -6,6 +6,7 @@ render. Foreign namespaces are invisible: rows are filtered in SQL, a foreign cl
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -215,38 +216,56 @@ def _pending_context(request: HttpRequest, query: selectors.PendingQuery) -> dic
     }
 
 
-def _parse(request: HttpRequest) -> selectors.PendingQuery:
-    query = selectors.parse_pending_query(request.GET)
+def _parse(params: Mapping[str, str]) -> selectors.PendingQuery:
+    query = selectors.parse_pending_query(params)
     if query.cluster and query.cluster not in selectors.cluster_names():
         raise selectors.QueryError("cluster", f"no cluster named {query.cluster!r}")
     return query
 
 
+def _parse_leniently(request: HttpRequest) -> tuple[selectors.PendingQuery, dict[str, str]]:
+    """The query without its bad parameters, and a message per bad parameter: the page re-renders its form
+    with each message beside its field instead of answering bare text."""
+    params = {key: request.GET.get(key, "") for key in selectors.PARAMETERS}
+    errors: dict[str, str] = {}
+    while True:
+        try:
+            return _parse(params), errors
+        except selectors.QueryError as exc:
+            errors[exc.parameter] = str(exc).removeprefix(f"{exc.parameter}: ")
+            params[exc.parameter] = ""
+
+
 def pending_page(request: HttpRequest) -> HttpResponse:
     """Every pending claim and waiting pod, grouped by cause; POST runs the "Will it fit?" form."""
-    try:
-        query = _parse(request)
-    except selectors.QueryError as exc:
-        return _bad(exc)
+    query, errors = _parse_leniently(request)
     clusters = selectors.cluster_names()
     whatif = None
     if request.method == "POST":
         form = WhatIfForm(request.POST, clusters=clusters)
         whatif = _whatif(form, visibility_for(request.user))
     else:
-        form = WhatIfForm(clusters=clusters)
+        form = WhatIfForm(clusters=clusters, initial={"cluster": query.cluster} if query.cluster else None)
     context = _pending_context(request, query)
-    context.update({"form": form, "whatif": whatif})
+    context.update(
+        {
+            "form": form,
+            "whatif": whatif,
+            "filter_errors": errors,
+            # What the user typed into a bad field stays in it, beside its message.
+            "typed": {key: request.GET.get(key, "")[:80] for key in errors},
+        }
+    )
     if whatif is not None:
         context["whatif_links"] = heatmap_links(form.cleaned_data["cluster"], whatif)
-    status = 400 if request.method == "POST" and not form.is_valid() else 200
+    status = 400 if errors or (request.method == "POST" and not form.is_valid()) else 200
     return render(request, "claims/pending.html", context, status=status)
 
 
 def pending_fragment(request: HttpRequest) -> HttpResponse:
     """The grouped rows alone (what the live page swaps in when the websocket says something changed)."""
     try:
-        query = _parse(request)
+        query = _parse(request.GET)
     except selectors.QueryError as exc:
         return _bad(exc)
     return render(request, "claims/_pending_groups.html", _pending_context(request, query))

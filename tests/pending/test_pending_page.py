@@ -121,10 +121,34 @@ def test_sorting_orders_rows_by_age_either_way_and_by_namespace(signed_in, monda
     ],
 )
 def test_a_bad_parameter_is_a_400_naming_it(signed_in, monday, params, parameter):
-    for url in (URL, "/claims/pending/fragment/"):
-        response = signed_in.get(url, params)
-        assert response.status_code == 400
-        assert response.content.decode().startswith(f"Bad parameter {parameter}:")
+    # The page re-renders its form (HTML) with the message beside the field; the fragment (fetched by the
+    # page's script, never shown alone) answers in one line.
+    response = signed_in.get(URL, params)
+    assert response.status_code == 400
+    assert response["Content-Type"].startswith("text/html")
+    html = response.content.decode()
+    assert 'id="pending-filters"' in html and "Will it fit?" in html
+    assert re.search(r'<span class="error" role="alert">[^<]+</span>', html)
+    assert 'id="pending-groups"' in html  # the rest of the page is still there, unfiltered by the bad value
+    fragment = signed_in.get("/claims/pending/fragment/", params)
+    assert fragment.status_code == 400
+    assert fragment.content.decode().startswith(f"Bad parameter {parameter}:")
+
+
+def test_a_bad_age_stays_in_its_field_with_its_message_and_the_good_filters_still_apply(signed_in, monday):
+    response = signed_in.get(URL, {"min_age": "2 hours", "namespace": "research"})
+    assert response.status_code == 400
+    html = unescape(response.content.decode())
+    assert '<input name="min_age" value="2 hours"' in html
+    assert re.search(r'aria-invalid="true"></label><span class="error" role="alert">[^<]*2 hours', html)
+    rows = rows_shown(response.content.decode())
+    assert rows and all(r.startswith("research/") for r in rows)
+
+
+def test_will_it_fit_defaults_to_the_cluster_the_page_is_filtered_to(signed_in, monday):
+    ingest.get_or_create_cluster("another")
+    html = signed_in.get(URL, {"cluster": "sim"}).content.decode()
+    assert re.search(r'<option value="sim" selected>sim</option>', html.split('id="whatif"')[1])
 
 
 def test_unknown_parameters_are_ignored(signed_in, monday):
@@ -159,6 +183,8 @@ def test_the_diagnosis_page_puts_the_scheduler_beside_ours_with_groups_holders_a
     assert response.status_code == 200
     html = response.content.decode()
     assert "The scheduler says" in html and "cannot allocate all claims" in html
+    # The pod that uses the claim (through its template) is found on every database.
+    assert f"<strong>pod {claim.owner_pod_name}</strong>" in html
     assert claim.diagnosis.summary in html
     assert re.search(
         r'<tr data-model="B200" data-profile=""><td>B200</td><td>whole GPU</td><td class="num">16</td>', html
@@ -172,6 +198,7 @@ def test_the_diagnosis_page_puts_the_scheduler_beside_ours_with_groups_holders_a
     assert f'href="/fleet/c/sim/claims/ml-train/{claim.name}/"' in html
     detail = signed_in.get(f"/fleet/c/sim/claims/ml-train/{claim.name}/").content.decode()
     assert f'href="/claims/c/sim/ml-train/{claim.name}/diagnosis/"' in detail
+    assert f"<tr><td>ml-train/{claim.owner_pod_name}</td>" in detail
 
 
 def test_an_unknown_claim_or_cluster_is_a_404(signed_in, monday):
