@@ -126,14 +126,15 @@ class BooleanFilter(filters.BooleanFilter):
 
 
 class StrictContentNegotiation(DefaultContentNegotiation):
-    """An unknown ``?format=`` is a 400 naming it (DRF's default answers 404)."""
+    """An unknown or empty ``?format=`` is a 400 naming it (DRF's default answers 404, or ignores an empty
+    one, so ``?format=`` would pass as JSON)."""
 
     def select_renderer(
         self, request: Request, renderers: Iterable[BaseRenderer], format_suffix: str | None = None
     ) -> Any:
         renderers = list(renderers)
         wanted = format_suffix or request.query_params.get(self.settings.URL_FORMAT_OVERRIDE or "format")
-        if wanted and wanted not in {r.format for r in renderers}:
+        if wanted is not None and wanted not in {r.format for r in renderers}:
             known = ", ".join(r.format for r in renderers)
             raise exceptions.ValidationError({"format": [f"one of {known}"]})
         return super().select_renderer(request, renderers, format_suffix)

@@ -11,7 +11,6 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.core.cache import cache
 from django.core.management import call_command
-from django.db import connection
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
@@ -19,14 +18,14 @@ from dashboard.visibility import grant_all_namespaces
 from fleet import ingest
 from fleet.importer import INGEST_ORDER
 from fleet.kube.reflector import Reflector, StreamConfig
+from tests.databases import require_expected_backend
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "fleet-small.yaml"
 
 
 @pytest.fixture(autouse=True)
-def _require_postgresql(db):
-    if connection.vendor != "postgresql":
-        pytest.fail(f"API tests need PostgreSQL (run `make test`), got the {connection.vendor} backend")
+def _require_expected_backend(db):
+    require_expected_backend("API")
 
 
 @pytest.fixture(autouse=True)

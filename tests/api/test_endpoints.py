@@ -205,6 +205,7 @@ class TestBadParameters:
             ("/api/v1/devices/", "model", "H\x00100"),
             ("/api/v1/devices/", "tainted", "null"),
             ("/api/v1/devices/", "format", "xml"),
+            ("/api/v1/devices/", "format", ""),  # an empty one must not pass as JSON
             ("/api/v1/nodes/", "cluster", ""),
         ],
     )

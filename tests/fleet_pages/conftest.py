@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
-from django.db import connection
 
 from dashboard.visibility import grant_all_namespaces
 from fleet import ingest
 from fleet.ingest import Change
 from fleet.normalize import normalize
 from fleet.snapshot import by_kind, read_files
+from tests.databases import require_expected_backend
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "fleet-small.yaml"
 FIXTURE_GPUS = 48  # physical GPUs in fleet-small.yaml (EXPECTED.json: 112+56+112+56 compute slices / 7)
@@ -25,11 +25,8 @@ PASSWORD = "correct horse battery staple"
 
 
 @pytest.fixture(autouse=True)
-def _require_postgresql(db):
-    if connection.vendor != "postgresql":
-        pytest.fail(
-            f"fleet page tests need PostgreSQL (run `make test`), got the {connection.vendor} backend"
-        )
+def _require_expected_backend(db):
+    require_expected_backend("fleet page")
 
 
 @pytest.fixture(autouse=True)

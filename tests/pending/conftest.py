@@ -8,7 +8,6 @@ import threading
 
 import pytest
 from django.contrib.auth import get_user_model
-from django.db import connection
 
 from claims.tasks import recompute_diagnoses
 from dashboard.visibility import grant_all_namespaces
@@ -16,17 +15,15 @@ from fleet import ingest
 from fleet.importer import INGEST_ORDER
 from fleet.kube.reflector import Reflector, StreamConfig
 from tests.browser.conftest import browser, chromium_path, page  # noqa: F401  (Chromium fixtures)
+from tests.databases import require_expected_backend
 
 PASSWORD = "correct horse battery staple"
 CLUSTER = "sim"
 
 
 @pytest.fixture(autouse=True)
-def _require_postgresql(db):
-    if connection.vendor != "postgresql":
-        pytest.fail(
-            f"pending page tests need PostgreSQL (run `make test`), got the {connection.vendor} backend"
-        )
+def _require_expected_backend(db):
+    require_expected_backend("pending page")
 
 
 @functools.cache

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
-from django.db import connection
 
 from claims import tasks
 from claims.models import NamespaceGrant, Pod, ResourceClaim, SchedulingEvent
 from fleet import ingest
+from tests.databases import require_expected_backend
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "fleet-small.yaml"
 CLUSTER = "fixtures"
@@ -29,9 +29,8 @@ PASSWORD = "correct horse battery staple"
 
 
 @pytest.fixture(autouse=True)
-def _require_postgresql(db):
-    if connection.vendor != "postgresql":
-        pytest.fail(f"security tests need PostgreSQL (run `make test`), got the {connection.vendor} backend")
+def _require_expected_backend(db):
+    require_expected_backend("security")
 
 
 @pytest.fixture

@@ -8,12 +8,12 @@ from datetime import timedelta
 
 import pytest
 from django.contrib.auth import get_user_model
-from django.db import connection
 
 from claims.models import ClaimLifecycle, ClaimStateChange, PendingCause
 from fleet import ingest
 from fleet.models import AllocationSample, Cluster
 from tests.browser.conftest import browser, chromium_path, page  # noqa: F401  (the browser fixtures)
+from tests.databases import require_expected_backend
 from tests.triage import replay
 
 PASSWORD = "correct horse battery staple"
@@ -36,8 +36,7 @@ def _clean() -> None:
 def monday(django_db_setup, django_db_blocker):
     """The replayed weekend (cluster "monday") with an on-call superuser and an inference-only user."""
     with django_db_blocker.unblock():
-        if connection.vendor != "postgresql":
-            pytest.fail(f"triage tests need PostgreSQL (run `make test`), got {connection.vendor}")
+        require_expected_backend("triage")
         _clean()
         with pytest.MonkeyPatch.context() as mp:
             # Nobody consumes the change events or the debounced diagnosis here: the replay runs the
