@@ -123,6 +123,9 @@ else:
                 "transaction_mode": "IMMEDIATE",
                 "timeout": 30,
             },
+            # Tests on SQLite use a file like the demo does (not Django's shared in-memory database, whose
+            # table locks fail a page served by another thread while the test writes).
+            "TEST": {"NAME": env_str("SQLITE_TEST_PATH", str(DATA_DIR / "test-claimscope.sqlite3"))},
         }
     }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

@@ -232,9 +232,7 @@ class GpuCache:
         full = (
             renamed or not heard or self._checked_at is None or now - self._checked_at >= FULL_CHECK_SECONDS
         )
-        if connection.vendor != "postgresql":  # the demo's SQLite: small fleets, read whole every time
-            versions = {k: (self._generation,) for k in self._all_pools(names)}
-        elif full:
+        if full:
             versions = self._checked_versions(names)
             self._checked_at = now
             self.full_checks += 1
@@ -290,15 +288,6 @@ class GpuCache:
         if keys:
             fresh |= selectors.pool_versions(sorted({k[0] for k in keys}), keys)
         return fresh, candidates
-
-    @staticmethod
-    def _all_pools(names: Mapping[int, str]) -> set[PoolKey]:
-        from fleet.models import ResourceSlice
-
-        rows = ResourceSlice.objects.filter(cluster_id__in=list(names)).values_list(
-            "cluster_id", "driver", "pool"
-        )
-        return set(rows)
 
     def _read(
         self, cluster_ids: list[int], pools: set[PoolKey], gone: set[PoolKey], everything: bool

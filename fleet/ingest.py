@@ -765,15 +765,14 @@ def _child_pools(cluster: Cluster, spec: TableSpec, records: Sequence[Any]) -> s
     including one that publishes only counters and so has no device rows) and their children's (devices,
     allocations). Children of the records' own uid (or name), and of the object stored under each
     record's key (one deleted and recreated under its name while unobserved loses the old uid's
-    children). One query per such table, whatever the batch size; None when not PostgreSQL (there the
-    heatmap reads everything anyway). Called before and after a batch's writes: the pools it can have
-    changed."""
+    children). One query per such table, whatever the batch size. Called before and after a batch's writes:
+    the pools it can have changed."""
     pooled = [c for c in spec.children if _has_pool(c.model)]
     parent_pooled = _has_pool(spec.model)
     if not (pooled or parent_pooled) or not records:
         return set()
     if connection.vendor != "postgresql":
-        return None
+        return _child_pools_portable(cluster, spec, records, pooled, parent_pooled)
     qn = connection.ops.quote_name
     parent = qn(spec.model._meta.db_table)
     keys = [spec.key_of(r) for r in records]
@@ -795,6 +794,45 @@ def _child_pools(cluster: Cluster, spec: TableSpec, records: Sequence[Any]) -> s
                 [cluster.pk, [child.parent_value(r) for r in records], *key_params],
             )
             out.update((driver, pool) for driver, pool in cur.fetchall())
+    return out
+
+
+def _child_pools_portable(
+    cluster: Cluster, spec: TableSpec, records: Sequence[Any], pooled: list[ChildSpec], parent_pooled: bool
+) -> set[tuple[str, str]]:
+    """``_child_pools`` without PostgreSQL's unnest: the stored parents are read by name (chunked IN lists)
+    and matched on their whole key here, then their children's pools by parent value."""
+    qn = connection.ops.quote_name
+    parent = qn(spec.model._meta.db_table)
+    keys = {spec.key_of(r) for r in records}
+    fields = sorted({c.parent_field for c in pooled})
+    columns = [*spec.natural_key, *fields, *(("driver", "pool") if parent_pooled else ())]
+    select = ", ".join(qn(c) for c in columns)
+    n = len(spec.natural_key)
+    parent_values: dict[str, set[str]] = {f: set() for f in fields}
+    for child in pooled:
+        parent_values[child.parent_field].update(child.parent_value(r) for r in records)
+    out: set[tuple[str, str]] = set()
+    with connection.cursor() as cur:
+        for where, params in _in_clauses("name", sorted({k[-1] for k in keys})):
+            cur.execute(
+                f"SELECT {select} FROM {parent} WHERE cluster_id = %s AND {where}", [cluster.pk, *params]
+            )
+            for row in cur.fetchall():
+                if tuple(row[:n]) not in keys:
+                    continue
+                for i, f in enumerate(fields):
+                    parent_values[f].add(row[n + i])
+                if parent_pooled:
+                    out.add((row[-2], row[-1]))
+        for child in pooled:
+            table = qn(child.model._meta.db_table)
+            for where, params in _in_clauses(child.parent_column, sorted(parent_values[child.parent_field])):
+                cur.execute(
+                    f"SELECT DISTINCT driver, pool FROM {table} WHERE cluster_id = %s AND {where}",
+                    [cluster.pk, *params],
+                )
+                out.update((driver, pool) for driver, pool in cur.fetchall())
     return out
 
 

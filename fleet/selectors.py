@@ -18,7 +18,7 @@ from typing import Any, cast
 
 from django.apps import apps
 from django.db import connection, transaction
-from django.db.models import BooleanField, Count, ExpressionWrapper, Max, Q, QuerySet
+from django.db.models import BooleanField, Count, ExpressionWrapper, Max, Model, Q, QuerySet
 
 from fleet.models import Device, ResourceSlice
 from fleet.normalize import FULL_GPU_SLICES
@@ -510,9 +510,9 @@ def cluster_versions(cluster_ids: Iterable[int]) -> dict[int, tuple[int, ...]]:
     """Per cluster, a value that changes whenever ingest writes or deletes a slice (and so its devices)
     or a claim (and so its allocations): counts and the latest ``synced_at`` (ingest stamps every row it
     writes with the time of the write, so a write moves the maximum; a delete changes a count). One query
-    of three small aggregates: the cheap check before :func:`pool_versions`.
-
-    Precondition: PostgreSQL (like :func:`heatmap_gpu_rows`)."""
+    of three small aggregates: the cheap check before :func:`pool_versions`."""
+    if connection.vendor != "postgresql":
+        return _cluster_versions_orm(list(cluster_ids))
     out: dict[int, list[int]] = defaultdict(lambda: [0] * 6)
     with connection.cursor() as cursor:
         cursor.execute(_CLUSTER_VERSIONS_SQL, {"clusters": list(cluster_ids)})
@@ -538,10 +538,10 @@ def pool_versions(
     write of a slice or of a claim allocated in it. One query (a pool without slices has no devices to
     show, so pools are those of the slices: a pool of ``pools`` missing from the result has none left).
     With ``pools``, only those are read (through the slice and allocation pool indexes), so the cost
-    follows what changed, not the size of the clusters.
-
-    Precondition: PostgreSQL."""
+    follows what changed, not the size of the clusters."""
     ids = list(cluster_ids)
+    if connection.vendor != "postgresql":
+        return _pool_versions_orm(ids, pools)
     with connection.cursor() as cursor:
         if pools is None:
             cursor.execute(_POOL_VERSIONS_SQL, {"clusters": ids})
@@ -551,6 +551,51 @@ def pool_versions(
                 return {}
             cursor.execute(_SOME_POOL_VERSIONS_SQL, _pool_params(keys))
         return {(cid, driver, pool): tuple(v) for cid, driver, pool, *v in cursor.fetchall()}
+
+
+# The same versions through the ORM, for the embedded SQLite: equal where PostgreSQL's are equal (the feed
+# only compares a version with the previous one of the same process), written with portable aggregates.
+def _cluster_versions_orm(ids: list[int]) -> dict[int, tuple[Any, ...]]:
+    claim_model = apps.get_model("claims", "ResourceClaim")
+    allocation_model = apps.get_model("claims", "DeviceAllocation")
+    out: dict[int, list[Any]] = defaultdict(lambda: [0, None, 0, None, 0, None])
+    models: tuple[type[Model], ...] = (ResourceSlice, claim_model, allocation_model)
+    for i, model in enumerate(models):
+        stamp = Max("synced_at") if i < 2 else Max("id")
+        rows = model._default_manager.filter(cluster_id__in=ids).values_list("cluster_id")
+        rows = rows.annotate(Count("id"), stamp)
+        for cid, n, t in rows.order_by():
+            out[cid][i * 2 : i * 2 + 2] = [n, t]
+    return {cid: tuple(v) for cid, v in out.items()}
+
+
+def _pool_versions_orm(ids: list[int], pools: Iterable[PoolKey] | None) -> dict[PoolKey, tuple[Any, ...]]:
+    allocation_model = apps.get_model("claims", "DeviceAllocation")
+    wanted = None if pools is None else {k for k in pools if k[0] in ids}
+    if wanted is not None and not wanted:
+        return {}
+    slices = ResourceSlice.objects.filter(cluster_id__in=ids)
+    allocations = allocation_model.objects.filter(cluster_id__in=ids, admin_access=False)
+    if wanted is not None:
+        names = sorted({k[2] for k in wanted})
+        slices, allocations = slices.filter(pool__in=names), allocations.filter(pool__in=names)
+    by_slices = {
+        (cid, driver, pool): (n, t)
+        for cid, driver, pool, n, t in slices.values_list("cluster_id", "driver", "pool")
+        .annotate(Count("id"), Max("synced_at"))
+        .order_by()
+    }
+    by_allocations = {
+        (cid, driver, pool): (n, t)
+        for cid, driver, pool, n, t in allocations.values_list("cluster_id", "driver", "pool")
+        .annotate(Count("id"), Max("claim__synced_at"))
+        .order_by()
+    }
+    return {
+        key: (*v, *by_allocations.get(key, (0, None)))
+        for key, v in by_slices.items()
+        if wanted is None or key in wanted
+    }
 
 
 def node_versions(cluster_ids: Iterable[int]) -> dict[int, tuple[Any, ...]]:

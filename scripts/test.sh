@@ -34,14 +34,48 @@ $VENV/bin/ruff format --check .
 echo "== mypy"
 $VENV/bin/mypy .
 
-echo "== pytest"
+# Pages, API, websockets, triage and security run on both databases: PostgreSQL (production) in the first
+# pass, then SQLite with the in-memory channel layer (the embedded default `make demo` runs) in a second.
+BOTH_DATABASES=(tests/api tests/fleet_pages tests/pending tests/security tests/triage tests/browser)
+
+run_pytest() {
+  set +e
+  "$@"
+  local status=$?
+  set -e
+  if [ $status -eq 5 ]; then
+    echo "pytest collected no tests" >&2
+    return 1
+  fi
+  return $status
+}
+
+sqlite_pass() {
+  local data
+  data=$(mktemp -d)
+  run_pytest env -u DATABASE_URL -u REDIS_URL CLAIMSCOPE_TEST_DATABASE=sqlite CLAIMSCOPE_DATA_DIR="$data" \
+    $VENV/bin/pytest -m "not postgresql" -p no:cacheprovider "$@"
+  local status=$?
+  rm -rf "$data"
+  return $status
+}
+
 mkdir -p .artifacts
-set +e
-$VENV/bin/pytest "$@"
-status=$?
-set -e
-if [ $status -eq 5 ]; then
-  echo "pytest collected no tests" >&2
-  exit 1
+if [ $# -gt 0 ]; then
+  # One pass, on the database CLAIMSCOPE_TEST_DATABASE names (PostgreSQL unless it says sqlite).
+  if [ "${CLAIMSCOPE_TEST_DATABASE:-postgresql}" = sqlite ]; then
+    echo "== pytest on SQLite"
+    sqlite_pass "$@"
+  else
+    echo "== pytest on PostgreSQL"
+    run_pytest $VENV/bin/pytest "$@"
+  fi
+  exit $?
 fi
+
+echo "== pytest on PostgreSQL (everything)"
+status=0
+run_pytest env CLAIMSCOPE_TEST_DATABASE=postgresql $VENV/bin/pytest || status=$?
+echo "== pytest on SQLite (the embedded default): ${BOTH_DATABASES[*]}"
+sqlite_pass "${BOTH_DATABASES[@]}" || status=$?
 exit $status

@@ -144,15 +144,15 @@ def concurrent_request(monkeypatch):
     """Arms a request for the whole fleet to arrive while the next computation runs; what it got."""
     got: list[list[overview.ClusterOverview]] = []
     armed: list[bool] = []
-    real = selectors.overview_counts
+    real = overview.compute_overviews
 
-    def computing(scope):
+    def computing(*args):
         if armed:
             armed.clear()
             got.append(overview.load_cluster_overviews(FleetFilter(), _clusters(FleetFilter())))
-        return real(scope)
+        return real(*args)
 
-    monkeypatch.setattr(selectors, "overview_counts", computing)
+    monkeypatch.setattr(overview, "compute_overviews", computing)
 
     def arm() -> list[list[overview.ClusterOverview]]:
         armed.append(True)
@@ -183,16 +183,16 @@ def test_previous_counts_older_than_the_limit_are_not_served(fleet, concurrent_r
 def test_a_failed_computation_lets_the_next_request_compute(fleet, monkeypatch):
     overview.load_cluster_overviews(FleetFilter(), _clusters(FleetFilter()))
     FleetEditor().deallocate(FleetEditor().allocated_claims()[0])
-    real = selectors.overview_counts
-    monkeypatch.setattr(selectors, "overview_counts", lambda scope: 1 / 0)
+    real = overview.compute_overviews
+    monkeypatch.setattr(overview, "compute_overviews", lambda *args: 1 / 0)
     with pytest.raises(ZeroDivisionError):
         overview.load_cluster_overviews(FleetFilter(), _clusters(FleetFilter()))
     calls: list[object] = []
 
-    def counting(scope):
-        calls.append(scope)
-        return real(scope)
+    def counting(*args):
+        calls.append(args)
+        return real(*args)
 
-    monkeypatch.setattr(selectors, "overview_counts", counting)
+    monkeypatch.setattr(overview, "compute_overviews", counting)
     after = overview.load_cluster_overviews(FleetFilter(), _clusters(FleetFilter()))
     assert calls and shown(after, "") == shown(per_device(FleetFilter()), "")

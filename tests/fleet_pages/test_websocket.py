@@ -101,6 +101,7 @@ async def test_feed_messages_are_built_on_the_feeds_own_few_threads(session_cook
     assert FEED_EXECUTOR._max_workers == FEED_THREADS == 2
 
 
+@pytest.mark.postgresql
 def test_a_feed_connection_the_server_dropped_is_replaced(session_cookie):
     @run_async
     async def snapshot() -> str:

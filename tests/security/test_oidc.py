@@ -125,21 +125,28 @@ def claimscope(issuer: Issuer, **overrides: str) -> Iterator[tuple[str, Path]]:
     """claimscope (uvicorn, the ASGI app) on the test database, with SSO configured from the environment;
     yields its URL and its log file."""
     db = connection.settings_dict
-    # Named, so that only its connections are ended afterwards.
-    database_url = (
-        f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}?application_name={SERVER_NAME}"
+    if connection.vendor == "postgresql":
+        # Named, so that only its connections are ended afterwards.
+        database = {
+            "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
+            f"?application_name={SERVER_NAME}"
+        }
+    else:  # the embedded default: the test database is a file the server opens too
+        database = {"SQLITE_PATH": str(db["NAME"])}
+    env = (
+        _base_env()
+        | database
+        | {
+            "CLAIMSCOPE_OIDC_ISSUER": issuer.url,
+            "CLAIMSCOPE_OIDC_AUTHORIZATION_ENDPOINT": issuer.endpoint("authorize/"),
+            "CLAIMSCOPE_OIDC_TOKEN_ENDPOINT": issuer.endpoint("token/"),
+            "CLAIMSCOPE_OIDC_USERINFO_ENDPOINT": issuer.endpoint("userinfo/"),
+            "CLAIMSCOPE_OIDC_JWKS_ENDPOINT": issuer.endpoint(".well-known/jwks.json"),
+            "CLAIMSCOPE_OIDC_CLIENT_ID": CLIENT_ID,
+            "CLAIMSCOPE_OIDC_CLIENT_SECRET": issuer.client_secret,
+            **overrides,
+        }
     )
-    env = _base_env() | {
-        "DATABASE_URL": database_url,
-        "CLAIMSCOPE_OIDC_ISSUER": issuer.url,
-        "CLAIMSCOPE_OIDC_AUTHORIZATION_ENDPOINT": issuer.endpoint("authorize/"),
-        "CLAIMSCOPE_OIDC_TOKEN_ENDPOINT": issuer.endpoint("token/"),
-        "CLAIMSCOPE_OIDC_USERINFO_ENDPOINT": issuer.endpoint("userinfo/"),
-        "CLAIMSCOPE_OIDC_JWKS_ENDPOINT": issuer.endpoint(".well-known/jwks.json"),
-        "CLAIMSCOPE_OIDC_CLIENT_ID": CLIENT_ID,
-        "CLAIMSCOPE_OIDC_CLIENT_SECRET": issuer.client_secret,
-        **overrides,
-    }
     base = f"http://127.0.0.1:{issuer.rp_port}"
     args = [sys.executable, "-m", "uvicorn", "dashboard.asgi:application", "--port", str(issuer.rp_port)]
     args += ["--host", "127.0.0.1", "--log-level", "warning", "--lifespan", "off"]
@@ -148,6 +155,8 @@ def claimscope(issuer: Issuer, **overrides: str) -> Iterator[tuple[str, Path]]:
         yield base, log
     # Its connections to the test database must end before pytest-django drops it. Only its own: this
     # process's persistent connections (the live feed's threads) must not die under the next tests.
+    if connection.vendor != "postgresql":
+        return
     with connection.cursor() as cur:
         cur.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"

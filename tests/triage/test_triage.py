@@ -348,6 +348,9 @@ def server():
 
 
 @pytest.mark.browser
+# Not inside a test transaction: the server thread writes the login's session, and SQLite's writer lock
+# would wait for the test's open transaction (PostgreSQL has no such lock; the test runs on both).
+@pytest.mark.django_db(transaction=True)
 def test_the_triage_page_renders_its_chart_in_chromium(monday, server, page):
     page.goto(server + "/accounts/login/")
     page.fill("input[name=username]", "oncall")
