@@ -35,6 +35,15 @@ def cells(rows):
     return sum(len(row[4]) for row in rows.values())
 
 
+@pytest.mark.parametrize("path", ["/ws/nonexistent/", "/ws/fleet/extra/", "/"])
+@run_async
+async def test_an_unknown_websocket_path_is_refused_at_the_handshake(path, session_cookie, caplog):
+    ws = WebsocketCommunicator(application, path, headers=[ORIGIN, session_cookie])
+    connected, _ = await ws.connect()
+    assert not connected
+    assert f"no route for {path}" in caplog.text and "Traceback" not in caplog.text
+
+
 @run_async
 async def test_an_anonymous_websocket_is_refused(fleet):
     ws = WebsocketCommunicator(application, "/ws/fleet/", headers=[ORIGIN])

@@ -63,7 +63,7 @@ def session_cookie(session: requests.Session) -> str:
 
 def ws_routes() -> list[str]:
     """Every websocket route of the app (dashboard/routing.py): each must close on logout."""
-    return ["/" + str(p.pattern) for p in websocket_urlpatterns]
+    return ["/" + str(p.pattern) for p in websocket_urlpatterns if str(p.pattern)]  # not the catch-all
 
 
 def open_socket(base: str, session_cookie: str, route: str = "/ws/fleet/") -> ClientConnection:
