@@ -187,6 +187,8 @@ AUTH_PASSWORD_VALIDATORS = [
 ]
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"
+# Logging out lands on our login page (with a "logged out" note), not the admin's "Logged out" page.
+LOGOUT_REDIRECT_URL = "/accounts/login/?logged_out=1"
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = env_str("TIME_ZONE", "UTC")

@@ -25,3 +25,9 @@ def test_a_user_logs_in_and_sees_the_fleet(live_server, page):
     rows = page.locator("table.grid").first.locator("tbody tr")
     assert rows.count() == 4  # B200, B300, H100, H200
     assert page.console_errors == []
+    # Logging out lands back on our login page, saying so (not the admin's "Logged out" page).
+    page.click("text=Log out")
+    page.wait_for_url("**/accounts/login/?logged_out=1")
+    assert page.locator("text=You are logged out.").count() == 1
+    assert page.locator("input[name=username]").count() == 1
+    assert page.console_errors == []
