@@ -179,6 +179,18 @@ def _raw_value(info: DeviceInfo, kind: str, domain: str, name: str) -> str | Non
     return str(next(iter(raw.values()), ""))
 
 
+_COMPARED = re.compile(r"""\.(\w+)\s*(==|!=|in)\s*('[^']*'|"[^"]*"|\[[^\]]*\])""")
+
+
+def _wanted(clause: str, name: str) -> str:
+    """What a clause compares attribute ``name`` with, as the miss states it: `` != '1g.10gb'`` or
+    `` not in ['a', 'b']`` (the device's value alone, "profile '1g.10gb+me'", says nothing of the want)."""
+    for attribute, op, literal in _COMPARED.findall(clause):
+        if attribute == name:
+            return {"==": f" != {literal}", "!=": f" == {literal}", "in": f" not in {literal}"}[op]
+    return ""
+
+
 def explain_miss(info: DeviceInfo, expression: str) -> tuple[str, str]:
     """(failing clause, values) for a device a request selector rejects, e.g. ("…", "memory 80Gi < 150Gi")."""
     for clause in split_conjuncts(expression):
@@ -200,8 +212,10 @@ def explain_miss(info: DeviceInfo, expression: str) -> tuple[str, str]:
                 want = parse_quantity(literal.group(1))
                 op = "<" if have.value < want.value else (">" if have.value > want.value else "=")
                 values.append(f"{name} {value} {op} {_human_quantity(literal.group(1))}")
+            elif value is None:
+                values.append(f"{name} not published")
             else:
-                values.append(f"{name} {value!r}" if value is not None else f"{name} not published")
+                values.append(f"{name} {value!r}{_wanted(clause, name)}")
         return clause, ", ".join(values) or "false"
     return expression, "false"
 

@@ -86,7 +86,18 @@ def test_no_match_reports_the_nearest_misses_with_the_failing_clause_and_values(
     groups = {g["model"]: g for g in result.requests[0]["groups"]}
     assert groups["H100"]["failing_clause"] == MEM_150
     assert groups["A100"]["failing_clause"] == f"{GPU}.architecture == 'Hopper'"
-    assert "architecture 'Ampere'" in groups["A100"]["reason"]
+    assert "architecture 'Ampere' != 'Hopper'" in groups["A100"]["reason"]
+
+
+def test_a_string_miss_says_what_the_device_has_and_what_was_wanted() -> None:
+    fleet = state(node("h", "H100", gpus=2), node("a", "A100", gpus=2))
+    wanted = f"{GPU}.productName in ['NVIDIA B200', 'NVIDIA B300']"
+    result = diagnose(fleet, claim([gpu(1, (wanted,))]))
+    assert result.category == "no-match"
+    groups = {g["model"]: g for g in result.requests[0]["groups"]}
+    assert groups["H100"]["reason"].startswith(
+        "productName 'NVIDIA H100 80GB HBM3' not in ['NVIDIA B200', 'NVIDIA B300'] on 2 H100"
+    )
 
 
 def test_fragmentation_when_1g_slices_are_taken_and_bigger_slices_idle() -> None:
@@ -247,7 +258,7 @@ def test_explain_miss_reports_quantities_and_strings() -> None:
     info = fleet.devices()[0]
     assert explain_miss(info, f"{GPU}.architecture == 'Hopper' && {MEM_150}") == (
         f"{GPU}.architecture == 'Hopper'",
-        "architecture 'Ampere'",
+        "architecture 'Ampere' != 'Hopper'",
     )
     assert explain_miss(info, MEM_150) == (MEM_150, "memory 80Gi < 150Gi")
 
