@@ -44,6 +44,7 @@ def test_the_live_week_is_compressed_onto_the_real_clock():
     queued: list = []
     simulation.submit = queued.append  # type: ignore[method-assign,assignment]
     demo.queue_week(simulation, 0, END, compress=60)
-    assert len(queued) >= 24 * 7 * 6 - 1  # the whole week (int() of a float product may drop one)
+    # The whole week (int() of a float product may drop one).
+    assert len(queued) >= 24 * 7 * demo.WEEK_ARRIVALS_PER_HOUR - 1
     assert all(END <= w.arrival <= END + timedelta(hours=24 * 7 / 60) for w in queued)
     assert max(w.duration for w in queued if w.duration is not None) == timedelta(hours=24 / 60)
