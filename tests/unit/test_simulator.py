@@ -294,14 +294,16 @@ def test_a_compressed_simulation_ends_queued_jobs_and_retries_pending_pods_soone
     for name in ("first", "second", "third"):  # the small fleet has two B200 nodes: the third waits
         sim.submit(training("ml", name, start, 8, b200, 30))
     sim.run(start + timedelta(hours=1))
-    assert not cluster.get("Pod", "ml", "third-0")["spec"].get("nodeName")
+    third = cluster.get("Pod", "ml", "third-0")
+    assert third is not None and not third["spec"].get("nodeName")
     sim.compress(60)
     assert sim.retry_every == timedelta(seconds=30)
     # The first two end 29 h after the compression, so 29 min later; the waiting pod is then retried
     # within 30 s instead of 30 min.
     sim.run(start + timedelta(hours=1, minutes=29, seconds=30))
     assert cluster.get("Pod", "ml", "first-0") is None
-    assert cluster.get("Pod", "ml", "third-0")["spec"].get("nodeName")
+    third = cluster.get("Pod", "ml", "third-0")
+    assert third is not None and third["spec"].get("nodeName")
 
 
 @pytest.mark.parametrize("schedule", [None, allocator_schedule], ids=["naive-stand-in", "allocator-replay"])
