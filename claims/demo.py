@@ -16,7 +16,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
+from celery import beat
+from django.conf import settings
 from django.db import close_old_connections, connection
 from django.utils import timezone
 
@@ -31,6 +34,14 @@ from fleet.simulator.workloads import Simulation, random_workloads
 
 log = logging.getLogger(__name__)
 CLUSTER_NAME = "demo"
+# The production beat schedule's entries the demo runs in its own process (settings.CELERY_BEAT_SCHEDULE):
+# the allocation history and the claim-history retention. Not the stream restarts: the demo's streams are
+# its own threads, not Celery tasks.
+BEAT_ENTRIES = ("history-sample", "history-downsample", "claim-history-prune")
+# Workloads arriving per (uncompressed) hour of the live week: about what the fleet serves, so that the
+# pending page drains as well as grows (at 6 an hour the mix asks for about four times the fleet's GPUs
+# and the queue only grows).
+WEEK_ARRIVALS_PER_HOUR = 1.0
 
 
 @dataclass
@@ -40,6 +51,7 @@ class Demo:
     weekend_end: datetime  # the anchored Monday 09:00: when the demo started
     stop: threading.Event = field(default_factory=threading.Event)
     threads: list[threading.Thread] = field(default_factory=list)
+    beat: Any = None  # celery.beat's embedded service thread (untyped in celery)
 
     @property
     def triage_since(self) -> datetime:
@@ -48,6 +60,8 @@ class Demo:
 
     def shutdown(self, timeout: float = 5.0) -> None:
         self.stop.set()
+        if self.beat is not None:
+            self.beat.service.stop()  # its loop wakes at least every second
         for thread in self.threads:
             thread.join(timeout)
 
@@ -58,11 +72,19 @@ def anchor(now: datetime | None = None) -> datetime:
 
 
 def queue_week(simulation: Simulation, seed: int, monday: datetime, compress: float = 1.0) -> None:
-    """Queue the live workload mix of the week that follows the weekend ending at ``monday``, compressed
-    ``compress`` times: arrivals that many times denser, runs that many times shorter."""
+    """Queue the live workload mix of the week that follows the weekend ending at ``monday`` (the
+    simulation's clock), compressed ``compress`` times: arrivals that many times denser, runs that many times
+    shorter, and what the weekend left queued (its jobs' ends, its pending pods' retries) that many times
+    sooner, so that its long jobs end and free capacity within the live week too."""
+    simulation.compress(compress)
     fleet = build_fleet(spec_from_dict({**scenarios.MONDAY_FLEET, "seed": seed}))
     week = random_workloads(
-        fleet, seed, monday, hours=24 * 7 / compress, per_hour=6 * compress, durations=1 / compress
+        fleet,
+        seed,
+        monday,
+        hours=24 * 7 / compress,
+        per_hour=WEEK_ARRIVALS_PER_HOUR * compress,
+        durations=1 / compress,
     )
     for workload in week:
         simulation.submit(workload)
@@ -138,7 +160,31 @@ def start(seed: int = 0, speed: float = 60.0, now: datetime | None = None) -> De
     )
     for thread in demo.threads:
         thread.start()
+    # The allocation history goes on being sampled, every minute as in production, not only over the
+    # replayed weekend.
+    demo.beat = start_beat()
+    demo.threads.append(demo.beat)
     return demo
+
+
+class DemoScheduler(beat.Scheduler):
+    """Celery's in-memory beat scheduler over :data:`BEAT_ENTRIES` of the production schedule only."""
+
+    def setup_schedule(self) -> None:
+        schedule = settings.CELERY_BEAT_SCHEDULE
+        self.merge_inplace({name: schedule[name] for name in BEAT_ENTRIES})
+
+
+def start_beat() -> Any:
+    """Celery beat, embedded as a thread, on :data:`BEAT_ENTRIES`: the same entries and periods as the
+    production beat (the first run one period after start, as there). Without a broker the tasks it sends
+    run in this thread (``CELERY_TASK_ALWAYS_EAGER``); returns the started thread (``.service.stop()``)."""
+    from dashboard.celery import app
+
+    app.loader.import_default_modules()  # CELERY_IMPORTS, as beat does: an unknown task would be sent away
+    thread = beat.EmbeddedService(app, thread=True, scheduler_cls=DemoScheduler)
+    thread.start()
+    return thread
 
 
 def wait_synced(timeout: float = 60.0) -> bool:

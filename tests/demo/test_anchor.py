@@ -5,6 +5,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from claims import demo
+from claims.management.commands.demo import triage_line
 from fleet.simulator import scenarios
 
 END = datetime(2026, 12, 2, 14, 37, tzinfo=UTC)  # a Wednesday: the anchor is any time, not a Monday
@@ -44,6 +45,22 @@ def test_the_live_week_is_compressed_onto_the_real_clock():
     queued: list = []
     simulation.submit = queued.append  # type: ignore[method-assign,assignment]
     demo.queue_week(simulation, 0, END, compress=60)
-    assert len(queued) >= 24 * 7 * 6 - 1  # the whole week (int() of a float product may drop one)
+    # The whole week (int() of a float product may drop one).
+    assert len(queued) >= 24 * 7 * demo.WEEK_ARRIVALS_PER_HOUR - 1
     assert all(END <= w.arrival <= END + timedelta(hours=24 * 7 / 60) for w in queued)
     assert max(w.duration for w in queued if w.duration is not None) == timedelta(hours=24 / 60)
+
+
+def test_the_start_up_line_names_the_replayed_window_by_its_real_days_and_links_exactly_it():
+    # Started on a Thursday, the replayed weekend ran Monday evening to Thursday morning: the line must not
+    # call that a weekend, and the link's window is the printed one (not running on into the live week).
+    thursday = datetime(2026, 12, 3, 8, 27, tzinfo=UTC)
+    weekend_start = thursday - (scenarios.MONDAY_09 - scenarios.FRIDAY_17)
+    since = demo.Demo(None, weekend_start, thursday).triage_since  # type: ignore[arg-type]
+    line = triage_line("http://127.0.0.1:8000/", since, thursday)
+    assert "weekend triage" not in line
+    assert "the 63 h replayed before start-up" in line
+    assert "Mon 2026-11-30 17:27 to Thu 2026-12-03 08:27 UTC" in line
+    assert line.endswith(
+        ": http://127.0.0.1:8000/claims/triage/?since=2026-11-30T17:27Z&until=2026-12-03T08:27Z"
+    )

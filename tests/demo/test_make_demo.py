@@ -128,20 +128,31 @@ def test_make_demo_serves_a_live_fleet(tmp_path, page):  # noqa: F811  (the brow
         assert counted and int(counted.group(1)) > 100
         assert "B200" in response.text and "1g.10gb" in response.text
 
-        # The weekend ended at start-up: the printed triage link names its window (Friday 18:00 on).
+        # The weekend ended at start-up: the printed triage link names its window (the scenario's Friday
+        # 18:00 on) by its real days, and links exactly that window.
         text = (tmp_path / "demo.log").read_text()
-        link = re.search(r"weekend triage \(.*\): (\S+/claims/triage/\?since=(\S+))", text)
+        link = re.search(
+            r"triage of the 63 h replayed before start-up \(.*\), (.*) to (.*) UTC: "
+            r"(\S+/claims/triage/\?since=(\S+)&until=(\S+))",
+            text,
+        )
         assert link, text[-2000:]
-        assert link.group(1).startswith(base + "/claims/triage/?since=")
-        since = datetime.fromisoformat(link.group(2).replace("Z", "+00:00"))
+        assert link.group(3).startswith(base + "/claims/triage/?since=")
+        since = datetime.fromisoformat(link.group(4).replace("Z", "+00:00"))
+        until = datetime.fromisoformat(link.group(5).replace("Z", "+00:00"))
+        assert link.group(1) == since.strftime("%a %Y-%m-%d %H:%M"), link.group(0)
+        assert link.group(2) == until.strftime("%a %Y-%m-%d %H:%M"), link.group(0)
         shift = since - (scenarios.FRIDAY_17 + timedelta(hours=1))
         monday = scenarios.MONDAY_09 + shift
         started = datetime.now(UTC)
         assert timedelta(0) <= started - monday < timedelta(minutes=5), (monday, started)
+        assert until == monday
 
         expected = still_pending_on_monday(shift)
         assert len(expected) == 9 + 5 + 3  # the story the scenario tells, as a sanity check of the above
-        api = session.get(base + "/api/v1/triage/", params={"since": link.group(2)}, timeout=30)
+        api = session.get(
+            base + "/api/v1/triage/", params={"since": link.group(4), "until": link.group(5)}, timeout=30
+        )
         assert api.status_code == 200, api.text[:500]
         report = api.json()
         weekend = {}
@@ -157,7 +168,7 @@ def test_make_demo_serves_a_live_fleet(tmp_path, page):  # noqa: F811  (the brow
             assert row["seconds"] >= (monday - expected[key]).total_seconds(), (key, row)
         assert report["totals"]["leaks"] >= 1  # the notebook claim left allocated on Friday night
         assert any(series["time"] for series in report["allocation"]), "no allocation samples of the weekend"
-        triage_html = session.get(base + link.group(1)[len(base) :], timeout=30)
+        triage_html = session.get(base + link.group(3)[len(base) :], timeout=30)
         assert triage_html.status_code == 200
         assert "finetune-0-" in triage_html.text and "chat-1g-" in triage_html.text
 
@@ -188,7 +199,7 @@ def test_make_demo_serves_a_live_fleet(tmp_path, page):  # noqa: F811  (the brow
         page.goto(base + "/claims/pending/")
         assert page.locator("td.age").count() >= len(expected)
         screenshot(page, "demo-pending")
-        page.goto(link.group(1))
+        page.goto(link.group(3))
         page.wait_for_load_state("networkidle")
         screenshot(page, "demo-triage")
         assert page.console_errors == []

@@ -18,7 +18,7 @@ from fleet.simulator.naive_schedule import naive_schedule
 from fleet.simulator.scenarios import monday
 from fleet.simulator.scheduling import Decision, Schedule
 from fleet.simulator.spec import build_fleet, load_spec, preset, spec_from_dict
-from fleet.simulator.workloads import Simulation, random_workloads, training
+from fleet.simulator.workloads import Simulation, product_is, random_workloads, training
 
 Obj = dict[str, Any]
 
@@ -284,6 +284,26 @@ def test_a_job_runs_finishes_and_frees_its_devices() -> None:
     assert cluster.list("Pod")[0] == []
     assert cluster.list("ResourceClaim")[0] == []
     assert cluster.allocated_devices() == {}
+
+
+def test_a_compressed_simulation_ends_queued_jobs_and_retries_pending_pods_sooner() -> None:
+    cluster = _cluster_with()
+    start = datetime(2026, 3, 6, 17, 0, tzinfo=UTC)
+    sim = Simulation(cluster, naive_schedule, start)
+    b200 = [product_is("NVIDIA B200")]
+    for name in ("first", "second", "third"):  # the small fleet has two B200 nodes: the third waits
+        sim.submit(training("ml", name, start, 8, b200, 30))
+    sim.run(start + timedelta(hours=1))
+    third = cluster.get("Pod", "ml", "third-0")
+    assert third is not None and not third["spec"].get("nodeName")
+    sim.compress(60)
+    assert sim.retry_every == timedelta(seconds=30)
+    # The first two end 29 h after the compression, so 29 min later; the waiting pod is then retried
+    # within 30 s instead of 30 min.
+    sim.run(start + timedelta(hours=1, minutes=29, seconds=30))
+    assert cluster.get("Pod", "ml", "first-0") is None
+    third = cluster.get("Pod", "ml", "third-0")
+    assert third is not None and third["spec"].get("nodeName")
 
 
 @pytest.mark.parametrize("schedule", [None, allocator_schedule], ids=["naive-stand-in", "allocator-replay"])

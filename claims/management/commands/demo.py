@@ -37,17 +37,14 @@ class Command(BaseCommand):
         call_command("migrate", verbosity=0, interactive=False)
         password = ensure_demo_user()
         url = f"http://{options['host']}:{options['port']}/"
-        self.stdout.write("simulating the weekend (Friday 17:00 to Monday 09:00, ending now)...")
+        self.stdout.write(
+            "replaying the simulated weekend (the scenario's Friday 17:00 to Monday 09:00), ending now..."
+        )
         running = demo.start(seed=options["seed"], speed=options["speed"])
         if not demo.wait_synced():
             self.stderr.write("warning: the simulated streams have not all synced yet; see the log")
         self.stdout.write(self.style.SUCCESS(f"claimscope demo: {url}  login: {DEMO_USER} / {password}"))
-        # The weekend ended at start-up, whatever the weekday: the triage's default window (the last 24 h
-        # on Tuesday to Friday) would cut it, so the link names the weekend's own window.
-        self.stdout.write(
-            f"weekend triage ({_when(running.triage_since)} to {_when(running.weekend_end)} UTC): "
-            f"{url}claims/triage/?since={_iso(running.triage_since)}"
-        )
+        self.stdout.write(triage_line(url, running.triage_since, running.weekend_end))
         self.stdout.flush()  # the URL must show at once, also when the output goes to a file
         try:
             if not options["no_serve"]:
@@ -62,6 +59,19 @@ class Command(BaseCommand):
             uvicorn.run("dashboard.asgi:application", host=host, port=port, log_level="info")
         except OSError as exc:
             raise CommandError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+
+
+def triage_line(url: str, since: datetime, until: datetime) -> str:
+    """The start-up line linking the replayed weekend's triage report.
+
+    The weekend is moved to end at start-up, whatever the weekday, so its window is named by what it is (the
+    hours replayed before start-up, with their real weekdays), not "weekend"; and the link's window is the
+    one printed (``until`` too: without it the report would run on into the live week)."""
+    hours = round((until - since).total_seconds() / 3600)
+    return (
+        f"triage of the {hours} h replayed before start-up (the scenario's Friday 18:00 to Monday 09:00), "
+        f"{_when(since)} to {_when(until)} UTC: {url}claims/triage/?since={_iso(since)}&until={_iso(until)}"
+    )
 
 
 def _iso(at: datetime) -> str:
