@@ -71,8 +71,14 @@ def request_recompute(cluster: str, kind: str = "") -> bool:
 
 
 def on_fleet_change(event: dict[str, Any]) -> bool:
-    """Hook for ingest's ``fleet.change`` events (``{"cluster", "kind", ...}``)."""
-    return request_recompute(str(event.get("cluster", "")), str(event.get("kind", "")))
+    """Hook for ingest's ``fleet.change`` events (``{"cluster", "kind", ...}``). A finished import
+    (``"imported"``) recomputes at once: its first batch may have opened a window whose task (run at once
+    where tasks run in-process) saw none of the later batches."""
+    cluster = str(event.get("cluster", ""))
+    if event.get("imported"):
+        transaction.on_commit(lambda: recompute_diagnoses.apply_async(args=[cluster]))
+        return True
+    return request_recompute(cluster, str(event.get("kind", "")))
 
 
 def store_diagnosis(state: FleetState, claim: ResourceClaim, now: datetime | None = None) -> ClaimDiagnosis:

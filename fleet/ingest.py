@@ -882,6 +882,13 @@ def _notify(event: dict[str, Any]) -> None:
             log.exception("change listener %r failed for %s %s", listener, event["cluster"], event["kind"])
 
 
+def notify_imported(cluster: Cluster) -> None:
+    """Tell the listeners that a whole import of ``cluster`` is written (``"imported": True``): what they
+    derive from the fleet (diagnoses) is due now, not debounced, since the batches' own events may have
+    been absorbed by a window that opened with the first of them."""
+    _notify({"type": "fleet.change", "cluster": cluster.name, "kind": "", "imported": True})
+
+
 def publish(event: dict[str, Any]) -> None:
     """Send a change event to the channel-layer group; a failure is logged, never raised into ingest."""
     from asgiref.sync import async_to_sync

@@ -147,3 +147,58 @@ def test_unreadable_files_give_a_clear_error(tmp_path):
 def test_fleet_summary_names_an_unknown_cluster(imported):
     with pytest.raises(CommandError, match=r"no cluster named 'nope'.*fixtures"):
         call_command("fleet_summary", "--cluster", "nope")
+
+
+HAND_WRITTEN = """
+apiVersion: resource.k8s.io/v1
+kind: DeviceClass
+metadata: {name: gpu.example.com}
+spec:
+  selectors: [{cel: {expression: "device.driver == 'gpu.example.com'"}}]
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: train, namespace: ml}
+spec:
+  devices:
+    requests:
+    - name: gpu
+      exactly: {deviceClassName: gpu.example.com, count: %d}
+"""
+
+
+def test_hand_written_manifests_are_imported_and_an_edit_replaces_them(tmp_path):
+    # What explain --fleet and kubectl apply take (no uid, no resourceVersion) imports too.
+    path = tmp_path / "hand.yaml"
+    path.write_text(HAND_WRITTEN % 1)
+    out = StringIO()
+    call_command("import_snapshot", str(path), cluster="hand", stdout=out)
+    assert "ResourceClaim: 1 written" in out.getvalue()
+    assert "2 hand-written object(s)" in out.getvalue()
+    claim = ResourceClaim.objects.get(cluster__name="hand", namespace="ml", name="train")
+    assert claim.requests[0]["count"] == 1
+    path.write_text(HAND_WRITTEN % 2)
+    call_command("import_snapshot", str(path), cluster="hand", stdout=StringIO())
+    edited = ResourceClaim.objects.get(cluster__name="hand", namespace="ml", name="train")
+    assert edited.uid == claim.uid and edited.requests[0]["count"] == 2
+
+
+def test_after_an_import_with_replace_every_pending_claim_is_diagnosed(
+    imported, monkeypatch, django_capture_on_commit_callbacks
+):
+    # Tasks run where they are queued (as in make demo): the first batch's debounced recompute used to
+    # run before the claims were written, and the later batches' requests fell in its window.
+    from claims import tasks
+
+    def run_now(args, countdown=0):
+        return tasks.recompute_diagnoses(*args)
+
+    monkeypatch.setattr(tasks.recompute_diagnoses, "apply_async", run_now)
+    monkeypatch.setattr(tasks, "_local_marks", {})
+    monkeypatch.setattr(tasks.settings, "REDIS_URL", None)  # the in-process debounce, as in make demo
+    with django_capture_on_commit_callbacks(execute=True):
+        fixture = str(FIXTURES / "fleet-small.yaml")
+        call_command("import_snapshot", fixture, cluster="fixtures", replace=True, stdout=StringIO())
+    pending = ResourceClaim.objects.filter(cluster__name="fixtures", state="pending")
+    assert pending.exists()
+    assert not pending.filter(diagnosis__isnull=True).exists()

@@ -46,6 +46,11 @@ class Command(BaseCommand):
                 self.stdout.write(line)
         if skipped:
             self.stdout.write("ignored kinds: " + ", ".join(skipped))
+        if report.completed:
+            self.stdout.write(
+                f"{report.completed} hand-written object(s) had no metadata.uid or resourceVersion: given a "
+                "stable uid and the import's time as resourceVersion (a re-import of an edit replaces them)"
+            )
         if unchanged := sum(report.unchanged.values()):
             # Ingest keeps what is stored at the same or a newer resourceVersion (the same object, as far
             # as Kubernetes is concerned): say so, or an edited file would seem imported.
