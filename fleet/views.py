@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import wraps
 from typing import Any
 
@@ -21,6 +21,7 @@ from dashboard.visibility import (
     visibility_for,
 )
 from fleet import feed, heatmap, overview, selectors
+from fleet.filters import PARAMETERS as FILTER_PARAMETERS
 from fleet.filters import STATES, FilterError, FleetFilter, parse_filters
 from fleet.models import Cluster, Device, Node
 
@@ -28,20 +29,40 @@ MIG_PAGE_LIMIT = 400  # GPUs drawn on one MIG page; narrow with filters for more
 View = Callable[..., HttpResponse]
 
 
+def _lenient_filters(params: Mapping[str, str]) -> tuple[FleetFilter, dict[str, str]]:
+    """The filters without their bad values, and a message per bad parameter."""
+    values = {key: params.get(key, "") for key in FILTER_PARAMETERS}
+    errors: dict[str, str] = {}
+    while True:
+        try:
+            filters = parse_filters(values)
+        except FilterError as exc:
+            errors[exc.parameter] = str(exc).removeprefix(f"{exc.parameter}: ")
+            values[exc.parameter] = ""
+            continue
+        if filters.cluster and not Cluster.objects.filter(name=filters.cluster).exists():
+            errors["cluster"] = f"no cluster named {filters.cluster!r}"
+            values["cluster"] = ""
+            continue
+        return filters, errors
+
+
 def with_filters(view: View) -> View:
-    """Parse the filter query string; a bad value is a 400 naming the parameter."""
+    """Parse the filter query string. A bad value on a page re-renders it without that filter, the
+    message beside its field (HTTP 400); a data view answers a 400 naming the parameter."""
 
     @wraps(view)
     def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-        try:
-            filters = parse_filters(request.GET)
-        except FilterError as exc:
-            return HttpResponseBadRequest(f"Bad filter {exc}\n", content_type="text/plain")
-        if filters.cluster and not Cluster.objects.filter(name=filters.cluster).exists():
-            return HttpResponseBadRequest(
-                f"Bad filter cluster: no cluster named {filters.cluster!r}\n", content_type="text/plain"
-            )
-        return view(request, filters, *args, **kwargs)
+        filters, errors = _lenient_filters(request.GET)
+        if not errors:
+            return view(request, filters, *args, **kwargs)
+        if view.__name__.endswith("_json"):
+            parameter, problem = next(iter(errors.items()))
+            return HttpResponseBadRequest(f"Bad filter {parameter}: {problem}\n", content_type="text/plain")
+        request.filter_errors = errors  # type: ignore[attr-defined]  # read by fleet/_filters.html
+        response = view(request, filters, *args, **kwargs)
+        response.status_code = 400
+        return response
 
     return wrapper
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 from io import StringIO
 
@@ -44,10 +45,21 @@ def test_every_fleet_page_redirects_anonymous_users_to_login(client, fleet):
     ],
 )
 def test_a_bad_filter_is_a_400_naming_the_parameter(signed_in, query, parameter):
+    # Pages re-render their filter form with the message beside the field; the JSON view answers in a line.
     for path in PAGES:
         response = signed_in.get(f"{path}?{query}")
         assert response.status_code == 400, path
-        assert response.content.decode().startswith(f"Bad filter {parameter}:"), path
+        if path.endswith(".json"):
+            assert response.content.decode().startswith(f"Bad filter {parameter}:"), path
+            continue
+        assert response["Content-Type"].startswith("text/html"), path
+        html = response.content.decode()
+        assert '<form class="filters" method="get">' in html, path
+        assert "Some filters were not applied" in html, path
+        field = re.search(
+            rf'name="{parameter}".*?</label><span class="error" role="alert">([^<]+)</span>', html, re.S
+        )
+        assert field, (path, parameter)
 
 
 def test_the_heatmap_json_has_one_cell_per_physical_gpu(signed_in):
