@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
+from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
 
@@ -48,13 +48,32 @@ def _display(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def triage_page(request: HttpRequest) -> HttpResponse:
-    since, until, cluster = _param(request, "since"), _param(request, "until"), _param(request, "cluster")
-    try:
-        data = report(since, until, cluster, visibility_for(request.user).allows)
-    except WindowError as exc:
-        return HttpResponseBadRequest(f"Bad {exc.parameter}: {exc.message}\n", content_type="text/plain")
-    except UnknownCluster as exc:
-        return HttpResponseBadRequest(f"Bad cluster: {exc}\n", content_type="text/plain")
+    typed = {
+        "since": _param(request, "since"),
+        "until": _param(request, "until"),
+        "cluster": _param(request, "cluster"),
+    }
+    values = dict(typed)
+    errors: dict[str, str] = {}
+    # A bad field is dropped (the report falls back to its default there) and its message shown beside it.
+    while True:
+        try:
+            data = report(
+                values["since"], values["until"], values["cluster"], visibility_for(request.user).allows
+            )
+            break
+        except WindowError as exc:
+            field = (
+                exc.parameter
+                if values.get(exc.parameter)
+                else next(k for k in ("since", "until") if values[k])
+            )
+            errors[field] = f"Bad {exc.parameter}: {exc.message}"
+            values[field] = None
+        except UnknownCluster as exc:
+            errors["cluster"] = f"Bad cluster: {exc}"
+            values["cluster"] = None
+    since, until, cluster = typed["since"], typed["until"], typed["cluster"]
     context = {
         "report": data,
         "since_text": when_text(data["window"]["since"]),
@@ -65,6 +84,7 @@ def triage_page(request: HttpRequest) -> HttpResponse:
         "mig": _display(data["mig_exhaustion"]),
         "leaks": _display(data["leaks"]),
         "query": {"since": since or "", "until": until or "", "cluster": cluster or ""},
+        "errors": errors,
         "cluster_choices": list(Cluster.objects.order_by("name").values_list("name", flat=True)),
     }
-    return render(request, "claims/triage.html", context)
+    return render(request, "claims/triage.html", context, status=400 if errors else 200)

@@ -230,7 +230,14 @@ def test_bad_parameters_are_a_400_naming_them(monday):
     page = Client()
     page.force_login(get_user_model().objects.get(username="oncall"))
     shown = page.get("/claims/triage/", {"since": "fryday"})
-    assert shown.status_code == 400 and b"Bad since" in shown.content
+    assert shown.status_code == 400 and shown["Content-Type"].startswith("text/html")
+    html = shown.content.decode()
+    assert '<input name="since" value="fryday"' in html  # what was typed stays, with its message beside it
+    assert re.search(
+        r'aria-invalid="true"></label><span class="error" role="alert">Bad since: [^<]+</span>', html
+    )
+    # The default window's report is still there.
+    assert "window-form" in html and "Claims that pended" in html
 
 
 # ------------------------------------------------------------------------------------------- report
