@@ -310,4 +310,5 @@ LEGEND: dict[str, str] = {
     "unavailable": "Not allocated and not allocatable now: tainted, or (dynamic MIG) the shared counters it "
     "needs are used by allocated partitions of its GPU.",
     "tainted": "Carrying a NoSchedule/NoExecute taint, in any state (also counted in its state's column).",
+    "memory": "The devices' memory (dynamic MIG: only allocated partitions, which overlap), in binary units.",
 }

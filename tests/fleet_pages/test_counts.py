@@ -179,6 +179,10 @@ def test_home_has_the_overviews_columns_each_explained(signed_in):
     assert gpu_groups == group_cells(overview)
     for cells in group_cells(home).values():
         assert cells["total"] == cells["free"] + cells["reserved"] + cells["allocated"] + cells["unavailable"]
+    memory = re.findall(r'data-memory="(\d+)">([^<]*)<', home)
+    assert memory and any(int(n) >= 2**40 for n, _ in memory)
+    for n, text in memory:
+        assert text == format_bytes(int(n)) and re.fullmatch(r"\d+(\.\d)? [KMGTPE]?i?B", text), text
 
 
 @pytest.mark.parametrize(
@@ -206,4 +210,4 @@ def test_fleet_summary_prints_memory_in_one_unit_system_and_explains_its_columns
         assert unit.endswith("B"), f"{number}{unit} is not in the binary byte units"
         assert float(number) < 1024, f"{number} {unit}: a larger unit should have been chosen"
     for column in ("unav", "taint", "wholeA", "dyn"):
-        assert re.search(rf"^{column}\s+\S", text, re.M), f"no legend line for {column}"
+        assert re.search(rf"^  {column}\s+\S", text, re.M), f"no legend line for {column}"

@@ -65,20 +65,30 @@ class Command(BaseCommand):
             self.stdout.write(line)
 
 
-# The columns, explained (fleet.counts.LEGEND).
+# The columns, explained (fleet.counts.LEGEND), per table.
 LEGEND_LINES = [
-    f"{column:7} {LEGEND[key]}"
-    for column, key in (
-        ("GPUs", "gpus"),
-        ("whole", "gpus_full"),
-        ("static", "gpus_static_mig"),
-        ("dyn", "gpus_dynamic"),
-        ("wholeA", "gpus_whole_allocated"),
-        ("taint", "gpus_tainted"),
-        ("free", "free"),
-        ("resv", "reserved"),
-        ("unresv", "unreserved"),
-        ("unav", "unavailable"),
-        ("taint", "tainted"),
-    )
+    "GPU columns:",
+    *(
+        f"  {column:7} {LEGEND[key]}"
+        for column, key in (
+            ("GPUs", "gpus"),
+            ("whole", "gpus_full"),
+            ("static", "gpus_static_mig"),
+            ("dyn", "gpus_dynamic"),
+            ("wholeA", "gpus_whole_allocated"),
+            ("taint", "gpus_tainted"),
+        )
+    ),
+    "Device columns (total = free + resv + unresv + unav):",
+    *(
+        f"  {column:7} {LEGEND[key]}"
+        for column, key in (
+            ("free", "free"),
+            ("resv", "reserved"),
+            ("unresv", "unreserved"),
+            ("unav", "unavailable"),
+            ("taint", "tainted"),
+            ("memory", "memory"),
+        )
+    ),
 ]
