@@ -166,12 +166,14 @@ def fleet_version() -> tuple[Any, ...]:
     return (commit_counter.current(), *counts)
 
 
-SUMMARY_LATEST_KEY = "api:summary:latest"  # (version key, summary) of the last computed summary
+# (version key, summary) of the last computed summary
+SUMMARY_LATEST_KEY = f"api:summary:latest:{counts.DEFINITIONS_VERSION}"
 WARM_GRACE_SECONDS = 30  # a refresh asked for longer ago than this is overdue: compute on the request
 
 
 def _summary_key(version: tuple[Any, ...]) -> str:
-    return f"api:summary:{hashlib.sha256(repr(version).encode()).hexdigest()[:32]}"
+    digest = hashlib.sha256(repr((counts.DEFINITIONS_VERSION, version)).encode()).hexdigest()[:32]
+    return f"api:summary:{digest}"
 
 
 def summary(cluster_id: int | None = None) -> dict[str, Any]:

@@ -29,6 +29,10 @@ from fleet.normalize import FULL_GPU_SLICES
 
 DeviceKey = tuple[int, str, str, str]  # cluster id, driver, pool, device name
 
+# Part of the cache keys of computed counts: change it with the shape or meaning of a count, so that a
+# deployment never serves counts cached by the previous code.
+DEFINITIONS_VERSION = 2
+
 TAINT_EFFECTS = frozenset({"NoSchedule", "NoExecute"})  # PreferNoSchedule does not keep claims away
 STATES = ("free", "reserved", "allocated", "unavailable")
 

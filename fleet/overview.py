@@ -390,7 +390,7 @@ def load_cluster_overviews(filters: FleetFilter, cluster_names: Mapping[int, str
         labels = selectors.node_labels(list(cluster_names))
         nodes = tuple(sorted(k for k, v in labels.items() if filters.matches_labels(v)))
     scope = selectors.OverviewScope(tuple(sorted(cluster_names)), filters.model, filters.pool, nodes)
-    where = (sorted(cluster_names.items()), scope)
+    where = (counts.DEFINITIONS_VERSION, sorted(cluster_names.items()), scope)
     key = "fleet:overview:" + _digest((api_selectors.fleet_version(), *where))
     cached = cache.get(key)
     if cached is not None:
@@ -402,11 +402,11 @@ def load_cluster_overviews(filters: FleetFilter, cluster_names: Mapping[int, str
         if latest is not None and time.time() - latest[0] <= OVERVIEW_STALE_SECONDS:
             return cast(list[ClusterOverview], latest[1])
     try:
-        counts = selectors.overview_counts(scope)
-        pools = {d["pool"] for d in counts.counter_devices}
+        aggregates = selectors.overview_counts(scope)
+        pools = {d["pool"] for d in aggregates.counter_devices}
         counter_sets = selectors.overview_counter_sets(scope, pools) if pools else {}
         out = overviews_from_counts(
-            counts.groups, counts.gpus, counts.counter_devices, counter_sets, cluster_names
+            aggregates.groups, aggregates.gpus, aggregates.counter_devices, counter_sets, cluster_names
         )
         cache.set(key, out, timeout=OVERVIEW_CACHE_SECONDS)
         cache.set(latest_key, (time.time(), out), timeout=OVERVIEW_CACHE_SECONDS)
