@@ -89,7 +89,8 @@ def fleet_overview(request: HttpRequest, filters: FleetFilter) -> HttpResponse:
 @with_filters
 def heatmap_page(request: HttpRequest, filters: FleetFilter) -> HttpResponse:
     config = {"ws": "/ws/fleet/?" + filters.query(), "base": reverse("fleet:overview")}
-    return render(request, "fleet/heatmap.html", {"config": config, **_choices(filters)})
+    context = {"config": config, "legend": counts.LEGEND, **_choices(filters)}
+    return render(request, "fleet/heatmap.html", context)
 
 
 @with_filters

@@ -130,6 +130,12 @@ def test_taints_show_on_the_node_gpu_page_hover_card_and_device_lists(signed_in,
         )
         assert row is not None and "tainted" in row.group(0) and TAINT_TEXT in row.group(0)
     assert TAINT_TEXT in gpu
+    holder = selectors.allocation_holders([device.cluster_id])[
+        (device.cluster_id, device.driver, device.pool, device.name)
+    ][0]
+    claim = signed_in.get(f"/fleet/c/fixtures/claims/{holder.namespace}/{holder.name}/").content.decode()
+    row = re.search(rf"{re.escape(device.name)}</a>.*?</tr>", claim, re.S)
+    assert row is not None and ">tainted</strong>" in row.group(0)
 
 
 def test_allocated_whole_counts_the_gpus_whose_full_gpu_device_is_allocated(signed_in, fleet):
