@@ -7,12 +7,13 @@ from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 
-from fleet import selectors
+from fleet import counts, overview, selectors
 
 
 def home(request: HttpRequest) -> HttpResponse:
     summary = selectors.fleet_summary()
-    return render(request, "home.html", {"summary": summary})
+    context = {"summary": summary, "groups": overview.group_rows(summary), "legend": counts.LEGEND}
+    return render(request, "home.html", context)
 
 
 @login_not_required

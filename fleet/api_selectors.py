@@ -28,10 +28,10 @@ from django.db.models import (
     Window,
 )
 
-from fleet import commit_counter, selectors
+from fleet import commit_counter, counts, selectors
+from fleet.counts import FleetSummary
 from fleet.models import Cluster, Device, ResourceSlice
 from fleet.normalize import FULL_GPU_SLICES
-from fleet.selectors import FleetSummary, GroupCount, ModelTotals
 
 SUMMARY_CACHE_SECONDS = 3600
 log = logging.getLogger(__name__)
@@ -155,28 +155,6 @@ def cluster_names() -> dict[int, str]:
     return dict(Cluster.objects.values_list("id", "name"))
 
 
-def _merge(summaries: list[FleetSummary]) -> FleetSummary:
-    """The fleet-wide summary as the sum of per-cluster ones (every count is additive across clusters)."""
-    groups: dict[tuple[str, str, str], GroupCount] = {}
-    models: dict[str, ModelTotals] = {}
-    total = FleetSummary()
-    for s in summaries:
-        total.devices += s.devices
-        total.allocated += s.allocated
-        for g in s.groups:
-            key = (g.model, g.kind, g.profile)
-            acc = groups.setdefault(key, GroupCount(*key))
-            for name in ("total", "allocated", "unavailable", "tainted", "free", "memory_bytes"):
-                setattr(acc, name, getattr(acc, name) + getattr(g, name))
-        for m in s.models:
-            mt = models.setdefault(m.model, ModelTotals(m.model))
-            for name in ("gpus", "gpus_full", "gpus_mig", "compute_slices", "compute_slices_allocated"):
-                setattr(mt, name, getattr(mt, name) + getattr(m, name))
-    total.groups = sorted(groups.values(), key=lambda g: (g.model, g.kind, g.profile))
-    total.models = sorted(models.values(), key=lambda t: t.model)
-    return total
-
-
 def fleet_version() -> tuple[Any, ...]:
     """Changes whenever ingest commits a change: the counter it bumps after each commit
     (:mod:`fleet.commit_counter`), and, should the cache lose that counter, the row counts and the latest
@@ -188,12 +166,14 @@ def fleet_version() -> tuple[Any, ...]:
     return (commit_counter.current(), *counts)
 
 
-SUMMARY_LATEST_KEY = "api:summary:latest"  # (version key, summary) of the last computed summary
+# (version key, summary) of the last computed summary
+SUMMARY_LATEST_KEY = f"api:summary:latest:{counts.DEFINITIONS_VERSION}"
 WARM_GRACE_SECONDS = 30  # a refresh asked for longer ago than this is overdue: compute on the request
 
 
 def _summary_key(version: tuple[Any, ...]) -> str:
-    return f"api:summary:{hashlib.sha256(repr(version).encode()).hexdigest()[:32]}"
+    digest = hashlib.sha256(repr((counts.DEFINITIONS_VERSION, version)).encode()).hexdigest()[:32]
+    return f"api:summary:{digest}"
 
 
 def summary(cluster_id: int | None = None) -> dict[str, Any]:
@@ -250,15 +230,15 @@ def summary_of_cluster(whole: dict[str, Any], cluster_id: int | None) -> dict[st
 def compute_summary(cluster_id: int | None = None) -> dict[str, Any]:
     """Partition-aware counts per cluster and for the whole fleet, by model, MIG profile and state."""
     devices, counter_sets = selectors.current_devices(cluster_id)
-    allocated = selectors.allocated_keys(cluster_id)
+    holders = selectors.allocation_holders(None if cluster_id is None else [cluster_id])
     names = cluster_names()
     by_cluster: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for d in devices:
         by_cluster[d["cluster_id"]].append(d)
     per_cluster = {
-        cid: selectors.summarize(rows, allocated, counter_sets) for cid, rows in sorted(by_cluster.items())
+        cid: selectors.summarize(rows, holders, counter_sets) for cid, rows in sorted(by_cluster.items())
     }
     return {
         "clusters": [{"cluster": names.get(cid, str(cid)), **s.as_dict()} for cid, s in per_cluster.items()],
-        "total": _merge(list(per_cluster.values())).as_dict(),
+        "total": counts.merge(per_cluster.values()).as_dict(),
     }

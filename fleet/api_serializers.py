@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from rest_framework import serializers as s
 
+from fleet.counts import LEGEND
 from fleet.models import AllocationSample, Device, WatchCursor
 
 
@@ -121,21 +122,26 @@ class GroupCountRow(s.Serializer):
     model = s.CharField()
     kind = s.CharField()
     profile = s.CharField(allow_blank=True)
-    total = s.IntegerField()
-    allocated = s.IntegerField()
-    unavailable = s.IntegerField()
-    tainted = s.IntegerField()
-    free = s.IntegerField()
+    total = s.IntegerField(help_text=LEGEND["total"])
+    allocated = s.IntegerField(help_text=LEGEND["allocated"])
+    reserved = s.IntegerField(help_text=LEGEND["reserved"] + " Included in allocated.")
+    unavailable = s.IntegerField(help_text=LEGEND["unavailable"])
+    tainted = s.IntegerField(help_text=LEGEND["tainted"])
+    free = s.IntegerField(help_text=LEGEND["free"] + " total = free + allocated + unavailable.")
     memory_bytes = s.IntegerField()
 
 
 class ModelTotalsRow(s.Serializer):
     model = s.CharField()
-    gpus = s.IntegerField()
-    gpus_full = s.IntegerField()
-    gpus_mig = s.IntegerField()
+    gpus = s.IntegerField(help_text=LEGEND["gpus"])
+    gpus_full = s.IntegerField(help_text=LEGEND["gpus_full"])
+    gpus_mig = s.IntegerField(help_text="GPUs carrying MIG devices, static or dynamic.")
+    gpus_static_mig = s.IntegerField(help_text=LEGEND["gpus_static_mig"])
+    gpus_dynamic = s.IntegerField(help_text=LEGEND["gpus_dynamic"])
+    gpus_whole_allocated = s.IntegerField(help_text=LEGEND["gpus_whole_allocated"])
+    gpus_tainted = s.IntegerField(help_text=LEGEND["gpus_tainted"])
     compute_slices = s.IntegerField()
-    compute_slices_allocated = s.IntegerField()
+    compute_slices_allocated = s.IntegerField(help_text=LEGEND["compute_slices"])
     allocated_fraction = s.FloatField()
 
 

@@ -27,7 +27,7 @@ from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connection, connections, models, transaction
 from django.utils import timezone
 
-from fleet import commit_counter
+from fleet import commit_counter, counts
 from fleet.models import Cluster, Device, DeviceClass, Node, ResourceSlice, WatchCursor
 from fleet.normalize import DeviceClassRecord, NodeRecord, Record, SliceRecord
 
@@ -966,7 +966,7 @@ def _device_rows(r: SliceRecord) -> list[dict[str, Any]]:
             "compute_slices": d.compute_slices,
             "memory_bytes": d.memory_bytes,
             "taints": d.taints,
-            "tainted": any(t.get("effect") in ("NoSchedule", "NoExecute") for t in d.taints),
+            "tainted": counts.is_tainted(d.taints),
             "counters_consumed": d.counters_consumed,
             "attributes": d.attributes,
             "capacity": d.capacity,

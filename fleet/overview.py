@@ -1,7 +1,7 @@
 """Pure builders for the fleet pages: per-cluster counts by state, stream health and the MIG slot view.
 
-Counting reuses :func:`fleet.selectors.summarize` (allocated / unavailable / tainted / free); this module
-only splits "allocated" into reserved (in use by a consumer) and unreserved, and lays MIG devices out.
+Counting is :mod:`fleet.counts`' (through :func:`fleet.selectors.summarize`); this module lays the counts
+out per cluster, and MIG devices on their GPU's slots.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any, cast
 from django.core.cache import cache
 from django.db import connection
 
-from fleet import selectors
+from fleet import counts, selectors
 from fleet.filters import FleetFilter
 from fleet.normalize import FULL_GPU_SLICES
 from fleet.selectors import (
@@ -27,7 +27,6 @@ from fleet.selectors import (
     FleetSummary,
     GroupCount,
     Holder,
-    ModelTotals,
     OverviewGpuRow,
     OverviewGroupRow,
     summarize,
@@ -59,26 +58,31 @@ class ClusterOverview:
 
     name: str
     summary: FleetSummary
-    reserved: dict[tuple[str, str, str], int] = field(default_factory=dict)
 
     def groups(self, state: str = "") -> list[dict[str, Any]]:
-        out = []
-        for g in self.summary.groups:
-            reserved = self.reserved.get((g.model, g.kind, g.profile), 0)
-            row = {
-                "model": g.model,
-                "kind": g.kind,
-                "profile": g.profile,
-                "total": g.total,
-                "free": g.free,
-                "reserved": reserved,
-                "allocated": g.allocated - reserved,
-                "tainted": g.tainted,
-                "unavailable": g.unavailable,
-            }
-            if not state or row[state]:
-                out.append(row)
-        return out
+        return group_rows(self.summary, state)
+
+
+def group_rows(summary: FleetSummary, state: str = "") -> list[dict[str, Any]]:
+    """The device table's rows (the ``state`` filter keeps the groups with a device in that state;
+    "tainted" keeps those with a tainted device, "allocated" those allocated with no consumer)."""
+    out = []
+    for g in summary.groups:
+        row = {
+            "model": g.model,
+            "kind": g.kind,
+            "profile": g.profile,
+            "total": g.total,
+            "free": g.free,
+            "reserved": g.reserved,
+            "allocated": g.unreserved,
+            "unavailable": g.unavailable,
+            "tainted": g.tainted,
+            "memory_bytes": g.memory_bytes,
+        }
+        if not state or row[state]:
+            out.append(row)
+    return out
 
 
 def cluster_overviews(
@@ -87,19 +91,13 @@ def cluster_overviews(
     counter_sets: CounterSets,
     cluster_names: Mapping[int, str],
 ) -> list[ClusterOverview]:
-    """Counts per cluster, partition-aware (see :func:`fleet.selectors.summarize`)."""
-    allocated = set(holders)
+    """Counts per cluster, partition-aware (see :mod:`fleet.counts`)."""
     by_cluster: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for d in devices:
         by_cluster[d["cluster_id"]].append(d)
     out = []
     for cid, name in sorted(cluster_names.items(), key=lambda item: item[1]):
-        rows = by_cluster.get(cid, [])
-        reserved: dict[tuple[str, str, str], int] = defaultdict(int)
-        for d in rows:
-            if any(h.state == "reserved" for h in holders.get(key_of(d), ())):
-                reserved[(d["model"], d["kind"], d["mig_profile"])] += 1
-        out.append(ClusterOverview(name, summarize(rows, allocated, counter_sets), dict(reserved)))
+        out.append(ClusterOverview(name, summarize(by_cluster.get(cid, []), holders, counter_sets)))
     return out
 
 
@@ -111,44 +109,33 @@ def overviews_from_counts(
     cluster_names: Mapping[int, str],
 ) -> list[ClusterOverview]:
     """What :func:`cluster_overviews` builds from every device, from the database's counts instead
-    (:func:`fleet.selectors.overview_counts`): a group's free and tainted devices
-    are split from its unavailable ones by the counter rule over ``counter_devices`` (the devices that
-    consume counters, with ``allocated``), the only devices whose state needs their counters."""
+    (:func:`fleet.selectors.overview_counts`, :data:`fleet.counts.SQL_GROUP_COUNTS`): the counter rule
+    over ``counter_devices`` (the devices that consume counters, with ``allocated``), the only devices
+    whose state needs their counters, moves the blocked ones from free to unavailable."""
     allocated = {key_of(d) for d in counter_devices if d["allocated"]}
     summaries = {cid: FleetSummary() for cid in cluster_names}
-    reserved: dict[int, dict[tuple[str, str, str], int]] = {cid: {} for cid in cluster_names}
     by_group: dict[tuple[int, str, str, str], GroupCount] = {}
-    for cid, model, kind, profile, total, n_allocated, n_reserved, tainted, memory in groups:
+    for cid, model, kind, profile, *aggregates in groups:
         if cid not in summaries:
             continue
-        g = GroupCount(
-            model, kind, profile, total, n_allocated, 0, tainted, total - n_allocated - tainted, memory
-        )
+        g = counts.group_of_aggregates(model, kind, profile, *aggregates)
         by_group[(cid, model, kind, profile)] = g
         summaries[cid].groups.append(g)
-        summaries[cid].devices += total
-        summaries[cid].allocated += n_allocated
-        if n_reserved:
-            reserved[cid][(model, kind, profile)] = n_reserved
+        summaries[cid].devices += g.total
+        summaries[cid].allocated += g.allocated
     by_key = {key_of(d): d for d in counter_devices}
     for key in unavailable_devices(counter_devices, allocated, counter_sets):
         d = by_key[key]
-        g = by_group[(d["cluster_id"], d["model"], d["kind"], d["mig_profile"])]
-        g.unavailable += 1
-        if d["tainted"]:
-            g.tainted -= 1
-        else:
-            g.free -= 1
-    for cid, model, n_gpus, n_mig, used in gpus:
+        counts.add_blocked(by_group[(d["cluster_id"], d["model"], d["kind"], d["mig_profile"])], d["tainted"])
+    for cid, model, *totals in gpus:
         if cid in summaries:
-            t = ModelTotals(model, n_gpus, n_gpus - n_mig, n_mig, n_gpus * FULL_GPU_SLICES, used)
-            summaries[cid].models.append(t)
+            summaries[cid].models.append(counts.model_of_aggregates(model, *totals))
     out = []
     for cid, name in sorted(cluster_names.items(), key=lambda item: item[1]):
         s = summaries[cid]
         s.groups.sort(key=lambda g: (g.model, g.kind, g.profile))
         s.models.sort(key=lambda t: t.model)
-        out.append(ClusterOverview(name, s, reserved[cid]))
+        out.append(ClusterOverview(name, s))
     return out
 
 
@@ -197,12 +184,9 @@ def stream_health(cursors: Iterable[Any], now: datetime) -> list[StreamHealth]:
 
 
 def device_state(key: DeviceKey, held: list[Holder], blocked: set[DeviceKey], tainted: bool) -> str:
-    """The first that applies of: reserved, allocated (no consumer), unavailable, tainted, free."""
-    if held:
-        return "reserved" if any(h.state == "reserved" for h in held) else "allocated"
-    if key in blocked:
-        return "unavailable"
-    return "tainted" if tainted else "free"
+    """:func:`fleet.counts.device_state` of a device held by ``held``."""
+    reserved = any(h.state == "reserved" for h in held)
+    return counts.device_state(bool(held), reserved, key in blocked, tainted)
 
 
 def device_states(
@@ -213,7 +197,9 @@ def device_states(
     out = []
     for d in sorted(devices, key=lambda d: (d["gpu_minor"] or 0, d["kind"] != "gpu", -d["compute_slices"])):
         held = holders.get(key_of(d), [])
-        out.append({**d, "state": device_state(key_of(d), held, blocked, d["tainted"]), "holders": held})
+        state = device_state(key_of(d), held, blocked, d["tainted"])
+        taints = counts.taint_text(d.get("taints") or ()) if d["tainted"] else []
+        out.append({**d, "state": state, "holders": held, "taint_text": taints})
     return out
 
 
@@ -232,6 +218,7 @@ class MigBlock:
     size: int
     state: str  # free / allocated / reserved / unavailable / tainted
     claims: list[str] = field(default_factory=list)
+    tainted: bool = False  # a NoSchedule/NoExecute taint, whatever the state
 
 
 @dataclass
@@ -301,6 +288,7 @@ def mig_gpus(
                 max(d["compute_slices"], 1),
                 block_state,
                 [f"{h.namespace}/{h.name}" for h in held],
+                bool(d["tainted"]),
             )
         )
     for gpu_key, d in whole.items():
@@ -311,7 +299,15 @@ def mig_gpus(
             claims = [f"{h.namespace}/{h.name}" for h in held]
             gpus[gpu_key].blocks.append(
                 MigBlock(
-                    d["name"], d["driver"], d["pool"], "whole GPU", 0, FULL_GPU_SLICES, whole_state, claims
+                    d["name"],
+                    d["driver"],
+                    d["pool"],
+                    "whole GPU",
+                    0,
+                    FULL_GPU_SLICES,
+                    whole_state,
+                    claims,
+                    bool(d["tainted"]),
                 )
             )
     out = sorted(gpus.values(), key=lambda g: (g.cluster, g.model, g.node, g.index or 0))
@@ -392,7 +388,7 @@ def load_cluster_overviews(filters: FleetFilter, cluster_names: Mapping[int, str
         labels = selectors.node_labels(list(cluster_names))
         nodes = tuple(sorted(k for k, v in labels.items() if filters.matches_labels(v)))
     scope = selectors.OverviewScope(tuple(sorted(cluster_names)), filters.model, filters.pool, nodes)
-    where = (sorted(cluster_names.items()), scope)
+    where = (counts.DEFINITIONS_VERSION, sorted(cluster_names.items()), scope)
     key = "fleet:overview:" + _digest((api_selectors.fleet_version(), *where))
     cached = cache.get(key)
     if cached is not None:
@@ -420,11 +416,11 @@ def compute_overviews(
     the embedded SQLite counts a device at a time in Python by the same rules (tested equal)."""
     if connection.vendor != "postgresql":
         return overviews_per_device(filters, cluster_names)
-    counts = selectors.overview_counts(scope)
-    pools = {d["pool"] for d in counts.counter_devices}
+    aggregates = selectors.overview_counts(scope)
+    pools = {d["pool"] for d in aggregates.counter_devices}
     counter_sets = selectors.overview_counter_sets(scope, pools) if pools else {}
     return overviews_from_counts(
-        counts.groups, counts.gpus, counts.counter_devices, counter_sets, cluster_names
+        aggregates.groups, aggregates.gpus, aggregates.counter_devices, counter_sets, cluster_names
     )
 
 

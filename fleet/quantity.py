@@ -236,13 +236,12 @@ def quantity_bytes(text: str | int | None) -> int | None:
 
 
 def format_bytes(value: int | None) -> str:
-    """Human form with binary suffixes, e.g. 85899345920 -> '80Gi', 80.5 GiB -> '80.5Gi'."""
+    """Human form in binary units chosen by magnitude, e.g. 85899345920 -> '80 GiB', 3 TiB less a bit
+    -> '2.8 TiB', 512 -> '512 B' (one decimal at most; every figure of a table in the same unit system)."""
     if value is None:
         return "-"
     for suffix, size in reversed(_BINARY.items()):
-        if value >= size and value % size == 0:
-            return f"{value // size}{suffix}"
-    for suffix, size in reversed(_BINARY.items()):
-        if value >= size:
-            return f"{value / size:.1f}{suffix}"
-    return str(value)
+        if abs(value) >= size:
+            text = f"{value / size:.1f}".removesuffix(".0")
+            return f"{text} {suffix}B"
+    return f"{value} B"

@@ -1,18 +1,17 @@
 """Read queries over the fleet tables, shared by pages, API, websocket snapshots and commands.
 
-The counting rules live in pure functions (:func:`summarize`) so the same semantics serve every caller:
+What the counts mean is defined once, in :mod:`fleet.counts`; this module reads the rows they judge:
 - only devices of a pool's highest generation count;
-- allocated = named in a claim's allocation results (adminAccess results excluded);
-- a physical GPU is counted once, however many MIG slices it carries; its allocated share is measured in
-  compute slices out of 7 (static MIG: the N of allocated "Ng" devices; a full-GPU allocation is 7/7).
+- allocated = named in an existing claim's allocation results (adminAccess results excluded);
+- unavailable = the counter rule (:func:`unavailable_devices`) or a taint.
 """
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, cast
 
@@ -20,57 +19,14 @@ from django.apps import apps
 from django.db import connection, transaction
 from django.db.models import BooleanField, Count, ExpressionWrapper, Max, Model, Q, QuerySet
 
+from fleet import counts
+from fleet.counts import DeviceKey as DeviceKey
+from fleet.counts import FleetSummary as FleetSummary
+from fleet.counts import GroupCount as GroupCount
+from fleet.counts import ModelTotals as ModelTotals
 from fleet.models import Device, ResourceSlice
 from fleet.normalize import FULL_GPU_SLICES
 from fleet.quantity import QuantityError, parse_quantity
-
-DeviceKey = tuple[int, str, str, str]  # cluster id, driver, pool, device name
-
-
-@dataclass
-class GroupCount:
-    """Devices of one (model, kind, MIG profile) group by state."""
-
-    model: str
-    kind: str
-    profile: str
-    total: int = 0
-    allocated: int = 0
-    unavailable: int = 0  # not allocated, but its shared counters are used up by allocated siblings
-    tainted: int = 0
-    free: int = 0
-    memory_bytes: int = 0  # sum over the group's devices (never added across groups of one GPU)
-
-
-@dataclass
-class ModelTotals:
-    """Physical GPUs of one model family, partition-aware."""
-
-    model: str
-    gpus: int = 0
-    gpus_full: int = 0  # published as a whole GPU (no MIG)
-    gpus_mig: int = 0  # carrying MIG slices (static or dynamic)
-    compute_slices: int = 0
-    compute_slices_allocated: int = 0
-
-    @property
-    def allocated_fraction(self) -> float:
-        return self.compute_slices_allocated / self.compute_slices if self.compute_slices else 0.0
-
-
-@dataclass
-class FleetSummary:
-    groups: list[GroupCount] = field(default_factory=list)
-    models: list[ModelTotals] = field(default_factory=list)
-    devices: int = 0
-    allocated: int = 0
-
-    def as_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        for m, totals in zip(data["models"], self.models, strict=True):
-            m["allocated_fraction"] = round(totals.allocated_fraction, 4)
-        return data
-
 
 PoolKey = tuple[int, str, str]  # cluster id, driver, pool
 CounterSets = dict[PoolKey, dict[str, dict[str, int]]]  # pool -> counter set -> counter -> capacity
@@ -133,61 +89,23 @@ def unavailable_devices(
     return blocked
 
 
-def summarize(
-    devices: Iterable[dict[str, Any]], allocated: set[DeviceKey], counter_sets: CounterSets | None = None
-) -> FleetSummary:
-    """Count devices (dicts with Device's fields) by group and state, and physical GPUs per model.
+def reserved_keys(holders: Mapping[DeviceKey, list[Holder]]) -> set[DeviceKey]:
+    """Devices held by a reserved claim (in use by a consumer)."""
+    return {k for k, held in holders.items() if any(h.state == "reserved" for h in held)}
 
-    A device's state is the first that applies of: allocated, unavailable (counters used up), tainted
-    (an untolerable NoSchedule/NoExecute taint), free.
-    """
+
+def summarize(
+    devices: Iterable[dict[str, Any]],
+    holders: Mapping[DeviceKey, list[Holder]],
+    counter_sets: CounterSets | None = None,
+) -> FleetSummary:
+    """Count devices by group and state, and physical GPUs per model (:func:`fleet.counts.summarize`):
+    allocated and reserved from ``holders`` (:func:`allocation_holders`), unavailable from the counter
+    rule over ``counter_sets`` and from taints."""
     devices = list(devices)
+    allocated = set(holders)
     blocked = unavailable_devices(devices, allocated, counter_sets) if counter_sets is not None else set()
-    groups: dict[tuple[str, str, str], GroupCount] = {}
-    gpu_model: dict[tuple[int, str], str] = {}
-    gpu_has_full: set[tuple[int, str]] = set()
-    gpu_has_mig: set[tuple[int, str]] = set()
-    gpu_used: dict[tuple[int, str], int] = defaultdict(int)
-    summary = FleetSummary()
-    for d in devices:
-        key = (d["model"], d["kind"], d["mig_profile"])
-        group = groups.get(key) or groups.setdefault(key, GroupCount(*key))
-        device_key = (d["cluster_id"], d["driver"], d["pool"], d["name"])
-        is_allocated = device_key in allocated
-        group.total += 1
-        if is_allocated or not d["counters_consumed"]:
-            # Dynamic-MIG placements overlap (seven 1g placements share one GPU's memory): only the
-            # allocated ones hold memory; adding every possible placement would count it many times.
-            group.memory_bytes += d["memory_bytes"] or 0
-        if is_allocated:
-            group.allocated += 1
-        elif device_key in blocked:
-            group.unavailable += 1
-        elif d["tainted"]:
-            group.tainted += 1
-        else:
-            group.free += 1
-        summary.devices += 1
-        summary.allocated += is_allocated
-        if d["kind"] in ("gpu", "mig") and d["gpu_uuid"]:
-            gpu = (d["cluster_id"], d["gpu_uuid"])
-            gpu_model[gpu] = d["model"]
-            (gpu_has_mig if d["kind"] == "mig" else gpu_has_full).add(gpu)
-            if is_allocated:
-                gpu_used[gpu] += d["compute_slices"]
-    totals: dict[str, ModelTotals] = {}
-    for gpu, model in gpu_model.items():
-        t = totals.get(model) or totals.setdefault(model, ModelTotals(model))
-        t.gpus += 1
-        if gpu in gpu_has_mig:
-            t.gpus_mig += 1
-        else:
-            t.gpus_full += 1
-        t.compute_slices += FULL_GPU_SLICES
-        t.compute_slices_allocated += min(gpu_used.get(gpu, 0), FULL_GPU_SLICES)
-    summary.groups = sorted(groups.values(), key=lambda g: (g.model, g.kind, g.profile))
-    summary.models = sorted(totals.values(), key=lambda t: t.model)
-    return summary
+    return counts.summarize(devices, allocated, reserved_keys(holders), blocked)
 
 
 SUMMARY_FIELDS = (
@@ -243,7 +161,8 @@ def allocated_keys(cluster_id: int | None = None) -> set[DeviceKey]:
 
 def fleet_summary(cluster_id: int | None = None) -> FleetSummary:
     devices, counter_sets = current_devices(cluster_id)
-    return summarize(devices, allocated_keys(cluster_id), counter_sets)
+    holders = allocation_holders(None if cluster_id is None else [cluster_id])
+    return summarize(devices, holders, counter_sets)
 
 
 # ------------------------------------------------------------------------------- heatmap and pages (additive)
@@ -789,18 +708,14 @@ LEFT JOIN held h
 WHERE d.kind IN ('gpu', 'mig') AND d.cluster_id = ANY(%(clusters)s) {device_filters}
   AND d.pool_generation >= coalesce(n.generation, d.pool_generation)
 """
-_OVERVIEW_GROUPS_SQL = """
-SELECT cluster_id, model, kind, mig_profile, count(*), count(*) FILTER (WHERE allocated),
-       count(*) FILTER (WHERE reserved), count(*) FILTER (WHERE tainted AND NOT allocated),
-       coalesce(sum(memory_bytes) FILTER (WHERE allocated OR NOT counters), 0)::bigint
+_OVERVIEW_GROUPS_SQL = f"""
+SELECT cluster_id, model, kind, mig_profile, {counts.SQL_GROUP_COUNTS}
 FROM overview_devices GROUP BY cluster_id, model, kind, mig_profile
 """
-_OVERVIEW_GPUS_SQL = """
-SELECT cluster_id, model, count(*), count(*) FILTER (WHERE mig),
-       coalesce(sum(least(used, %(full)s)), 0)::bigint
+_OVERVIEW_GPUS_SQL = f"""
+SELECT cluster_id, model, {counts.SQL_MODEL_TOTALS}
 FROM (
-  SELECT cluster_id, max(model) AS model, bool_or(kind = 'mig') AS mig,
-         coalesce(sum(compute_slices) FILTER (WHERE allocated), 0) AS used
+  SELECT cluster_id, max(model) AS model, {counts.SQL_GPU_FLAGS}
   FROM overview_devices WHERE gpu_uuid <> '' GROUP BY cluster_id, gpu_uuid
 ) gpu GROUP BY cluster_id, model
 """
@@ -814,10 +729,12 @@ SELECT coalesce(json_agg(json_build_object(
 FROM overview_devices WHERE counters
 """
 
-# (cluster id, model, kind, MIG profile, total, allocated, reserved, tainted and not allocated, memory bytes)
-OverviewGroupRow = tuple[int, str, str, str, int, int, int, int, int]
-# (cluster id, model, physical GPUs, GPUs carrying MIG, allocated compute slices, each GPU's capped at 7)
-OverviewGpuRow = tuple[int, str, int, int, int]
+# (cluster id, model, kind, MIG profile, then counts.SQL_GROUP_COUNTS: total, allocated, reserved, tainted,
+# tainted and not allocated, memory bytes)
+OverviewGroupRow = tuple[int, str, str, str, int, int, int, int, int, int]
+# (cluster id, model, then counts.SQL_MODEL_TOTALS: physical GPUs, carrying MIG, partitionable, allocated
+# whole, tainted, allocated compute slices with each GPU's capped at 7)
+OverviewGpuRow = tuple[int, str, int, int, int, int, int, int]
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from dashboard.visibility import (
     redact_holders,
     visibility_for,
 )
-from fleet import feed, heatmap, overview, selectors
+from fleet import counts, feed, heatmap, overview, selectors
 from fleet.filters import PARAMETERS as FILTER_PARAMETERS
 from fleet.filters import STATES, FilterError, FleetFilter, parse_filters
 from fleet.models import Cluster, Device, Node
@@ -101,6 +101,7 @@ def fleet_overview(request: HttpRequest, filters: FleetFilter) -> HttpResponse:
         ],
         "streams": streams,
         "unhealthy_streams": [s for s in streams if not s.healthy],
+        "legend": counts.LEGEND,
         **_choices(filters),
     }
     return render(request, "fleet/overview.html", context)
@@ -109,7 +110,8 @@ def fleet_overview(request: HttpRequest, filters: FleetFilter) -> HttpResponse:
 @with_filters
 def heatmap_page(request: HttpRequest, filters: FleetFilter) -> HttpResponse:
     config = {"ws": "/ws/fleet/?" + filters.query(), "base": reverse("fleet:overview")}
-    return render(request, "fleet/heatmap.html", {"config": config, **_choices(filters)})
+    context = {"config": config, "legend": counts.LEGEND, **_choices(filters)}
+    return render(request, "fleet/heatmap.html", context)
 
 
 @with_filters
@@ -173,7 +175,7 @@ def _visible_holders(
 def _node_gpus(vis: Visibility, c: Cluster, node: str) -> tuple[heatmap.Rows, list[dict[str, Any]], Any, Any]:
     """The node's heatmap row, devices, holders (foreign ones without identity) and counter sets."""
     devices, counter_sets = selectors.heatmap_devices(
-        [c.pk], node=node, extra=("name", "capacity", "uuid", "product_name", "memory_bytes")
+        [c.pk], node=node, extra=("name", "capacity", "uuid", "product_name", "memory_bytes", "taints")
     )
     pools = sorted({d["pool"] for d in devices})
     holders = selectors.allocation_holders([c.pk], pools=pools, consumers=True)
@@ -189,14 +191,25 @@ def node_detail(request: HttpRequest, cluster: str, node: str) -> HttpResponse:
     if n is None and not devices:
         raise Http404("no such node")
     row = rows.get(heatmap.row_key(c.name, node))
+    taints = gpu_taints(devices)
     context = {
         "cluster": c,
         "node_name": node,
         "node": n,
-        "cells": row[4] if row else [],
+        "gpus": [{"cell": cell, "taints": taints.get(cell[0], [])} for cell in (row[4] if row else [])],
         "devices": overview.device_states(devices, holders, counter_sets),
     }
     return render(request, "fleet/node.html", context)
+
+
+def gpu_taints(devices: list[dict[str, Any]]) -> dict[int | None, list[str]]:
+    """Per GPU index, the NoSchedule/NoExecute taints of its devices as "device: key=value:Effect"."""
+    out: dict[int | None, list[str]] = {}
+    for d in devices:
+        if d["tainted"]:
+            lines = out.setdefault(d["gpu_minor"], [])
+            lines += [f"{d['name']}: {t}" for t in counts.taint_text(d.get("taints") or ())]
+    return out
 
 
 def _gpu_context(request: HttpRequest, cluster: str, node: str, index: int) -> dict[str, Any]:
@@ -224,6 +237,7 @@ def _gpu_context(request: HttpRequest, cluster: str, node: str, index: int) -> d
         "model": mine[0]["model"],
         "product_name": next((d["product_name"] for d in mine if d["product_name"]), ""),
         "cell": cell,
+        "taints": gpu_taints(mine).get(index, []),
         "devices": device_rows,
         "claims": claims,
         "consumers": consumers,

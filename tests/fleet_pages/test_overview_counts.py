@@ -75,6 +75,11 @@ def varied_fleet() -> None:
             device_name=d.name, admin_access=admin,
         )  # fmt: skip
     Node.objects.filter(cluster=second, name__startswith="b200").update(labels={"zone": "a"})
+    # A tainted device in use: counted tainted and reserved, not unavailable.
+    holders = selectors.allocation_holders([second.pk])
+    in_use = [k for k, held in holders.items() if any(h.state == "reserved" for h in held)]
+    cid, driver, pool, name = sorted(in_use)[0]
+    Device.objects.filter(cluster_id=cid, driver=driver, pool=pool, name=name).update(tainted=True)
 
 
 FILTERS = [
@@ -103,6 +108,12 @@ def test_the_varied_fleet_has_every_state_the_counts_split(fleet):
     groups = [g for c in per_device(FleetFilter()) for g in c.groups()]
     for state in ("free", "reserved", "allocated", "tainted", "unavailable"):
         assert any(g[state] for g in groups), state
+    models = [m for c in per_device(FleetFilter()) for m in c.summary.models]
+    for count in ("gpus_full", "gpus_static_mig", "gpus_dynamic", "gpus_whole_allocated", "gpus_tainted"):
+        assert any(getattr(m, count) for m in models), count
+    held = selectors.allocation_holders(None)
+    tainted = Device.objects.filter(tainted=True).values_list("cluster_id", "driver", "pool", "name")
+    assert any(tuple(k) in held for k in tainted), "a tainted device in use"
 
 
 CHANGES = {
