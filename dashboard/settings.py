@@ -168,7 +168,8 @@ CLAIMSCOPE_WATCH_BACKOFF_MAX = env_int("CLAIMSCOPE_WATCH_BACKOFF_MAX", 30, minim
 # first page after a deploy does not pay the one full read of the fleet (seconds on 40k GPUs).
 CLAIMSCOPE_WARM_HEATMAP = env_bool("CLAIMSCOPE_WARM_HEATMAP", False)
 # Allocation history (fleet/tasks_history.py): a sample a minute, downsampling hourly.
-CELERY_IMPORTS: tuple[str, ...] = ("fleet.tasks_history",)  # not a `tasks` module: autodiscovery does not find it
+# Not `tasks` modules: autodiscovery does not find them.
+CELERY_IMPORTS: tuple[str, ...] = ("fleet.tasks_history",)
 CELERY_BEAT_SCHEDULE |= {
     "history-sample": {"task": "fleet.tasks_history.sample_allocation", "schedule": 60.0},
     "history-downsample": {"task": "fleet.tasks_history.downsample_history", "schedule": 3600.0},

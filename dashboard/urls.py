@@ -25,6 +25,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("fleet/", include("fleet.urls")),
     path("claims/", include("claims.urls")),
+    path("usage/", include("usage.urls")),
     path("api/", include("dashboard.api_urls")),
 ]
 if settings.CLAIMSCOPE_OIDC_ENABLED:

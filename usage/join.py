@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from usage.prometheus import ENGINE_ACTIVE, FB_FREE, FB_USED, GPU_UTIL, POWER, Sample
+from usage.prometheus import ENGINE_ACTIVE, FB_FREE, FB_USED, GPU_UTIL, POWER, SampleLike
 
 DeviceRef = tuple[str, str, str]  # driver, pool, device name
 MIB = 1024 * 1024
@@ -73,7 +73,7 @@ class _Entity:
     values: dict[str, float]
 
 
-def entities(samples: Iterable[Sample]) -> list[_Entity]:
+def entities(samples: Iterable[SampleLike]) -> list[_Entity]:
     """Group samples by their entity's labels (all metrics of one GPU/MIG instance share them)."""
     grouped: dict[tuple[tuple[str, str], ...], _Entity] = {}
     for s in samples:
@@ -107,7 +107,7 @@ def _measured(entity: _Entity, ref: DeviceRef, how: str) -> Measured:
 
 
 def join(
-    samples: Iterable[Sample], devices: Iterable[DeviceInfo], held: Mapping[DeviceRef, object]
+    samples: Iterable[SampleLike], devices: Iterable[DeviceInfo], held: Mapping[DeviceRef, object]
 ) -> JoinResult:
     """Match every entity of ``samples`` to one of ``devices`` (see the module docstring).
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -38,12 +38,23 @@ class Sample:
     value: float
 
 
+class SampleLike(Protocol):
+    """What the join reads of a sample (``Sample``, or any source's own type of the same shape)."""
+
+    @property
+    def metric(self) -> str: ...
+    @property
+    def labels(self) -> Mapping[str, str]: ...
+    @property
+    def value(self) -> float: ...
+
+
 class PrometheusUnavailable(Exception):
     """The source could not answer; the message names the server and why."""
 
 
 class SeriesSource(Protocol):
-    def samples(self) -> tuple[list[Sample], float]:
+    def samples(self) -> tuple[Sequence[SampleLike], float]:
         """Every DCGM sample now, and how long the source took to answer (seconds)."""
         ...
 

@@ -92,9 +92,9 @@ class Holder:
 
 @dataclass(frozen=True)
 class Series:
-    """One exposition line: metric name, labels, value."""
+    """One exposition line: metric name, labels, value (the shape usage's samplers read)."""
 
-    name: str
+    metric: str
     labels: Mapping[str, str]
     value: float
 
@@ -282,9 +282,9 @@ class DcgmExporter:
 
         families: dict[str, Any] = {}
         for s in self.source():
-            family = families.get(s.name)
+            family = families.get(s.metric)
             if family is None:
-                family = families[s.name] = GaugeMetricFamily(s.name, HELP.get(s.name, s.name))
+                family = families[s.metric] = GaugeMetricFamily(s.metric, HELP.get(s.metric, s.metric))
             family.samples.append(_sample(s))
         yield from families.values()
 
@@ -312,7 +312,18 @@ class DcgmExporter:
 def _sample(s: Series) -> Any:
     from prometheus_client.samples import Sample
 
-    return Sample(s.name, dict(s.labels), s.value, None, None)
+    return Sample(s.metric, dict(s.labels), s.value, None, None)
+
+
+class InProcessSource:
+    """The stand-in's series without HTTP or Prometheus: what the demo samples (``usage`` reads any
+    source whose ``samples()`` returns objects with ``metric``, ``labels`` and ``value``)."""
+
+    def __init__(self, series: Callable[[], list[Series]]) -> None:
+        self.series = series
+
+    def samples(self) -> tuple[list[Series], float]:
+        return self.series(), 0.0
 
 
 def now() -> datetime:

@@ -34,7 +34,7 @@ def _pod(ns: str, name: str) -> dict:
 def test_it_labels_an_allocated_gpu_with_its_claim_and_leaves_free_gpus_unlabelled():
     slices = nv.node_slices("node-a", "H100", gpus=2)
     out = dcgm.series(slices, [_claim("ml", "notebook-x", "node-a", "gpu-1", "nb")], [_pod("ml", "nb")], AT)
-    active = {s.labels["gpu"]: s for s in out if s.name == dcgm.ENGINE_ACTIVE}
+    active = {s.labels["gpu"]: s for s in out if s.metric == dcgm.ENGINE_ACTIVE}
     held = active["1"].labels
     assert held["dra_claim_name"] == "notebook-x"
     assert held["dra_claim_namespace"] == "ml"
@@ -49,7 +49,7 @@ def test_it_labels_an_allocated_gpu_with_its_claim_and_leaves_free_gpus_unlabell
     assert held["modelName"] == "NVIDIA H100 80GB HBM3"
     assert "dra_claim_name" not in active["0"].labels
     assert active["1"].value < 0.05  # a notebook idles
-    names = {s.name for s in out}
+    names = {s.metric for s in out}
     assert names == {dcgm.ENGINE_ACTIVE, dcgm.GPU_UTIL, dcgm.FB_USED, dcgm.FB_FREE, dcgm.POWER}
 
 
@@ -59,21 +59,21 @@ def test_static_mig_instances_carry_instance_labels_and_the_nvml_mig_uuid():
     out = dcgm.series(
         slices, [_claim("inf", "chat-0", "node-m", mig["name"], "chat")], [_pod("inf", "chat")], AT
     )
-    active = [s for s in out if s.name == dcgm.ENGINE_ACTIVE]
+    active = [s for s in out if s.metric == dcgm.ENGINE_ACTIVE]
     assert len(active) == 7  # one per MIG instance, none for the GPU itself
     held = [s.labels for s in active if "dra_claim_name" in s.labels]
     assert len(held) == 1
     assert held[0]["GPU_I_PROFILE"] == "1g.10gb"
     assert held[0]["dra_mig_device_uuid"] == mig["attributes"]["uuid"]["string"].replace("mig-", "MIG-")
     assert held[0]["UUID"] == nv.gpu_uuid("node-m", 0)  # the parent GPU's
-    assert not [s for s in out if s.name == dcgm.GPU_UTIL]  # NVML reports no GPU_UTIL in MIG mode
+    assert not [s for s in out if s.metric == dcgm.GPU_UTIL]  # NVML reports no GPU_UTIL in MIG mode
 
 
 def test_dynamic_mig_instances_have_no_dra_labels():
     slices = nv.node_slices("node-d", "H100", mode="dynamic-mig", gpus=1)
     mig = next(d for s in slices for d in s["spec"].get("devices") or [] if "-mig-1g10gb-" in d["name"])
     out = dcgm.series(slices, [_claim("inf", "chat-1", "node-d", mig["name"], "c")], [_pod("inf", "c")], AT)
-    active = [s.labels for s in out if s.name == dcgm.ENGINE_ACTIVE]
+    active = [s.labels for s in out if s.metric == dcgm.ENGINE_ACTIVE]
     assert len(active) == 1
     assert active[0]["GPU_I_PROFILE"] == "1g.10gb"
     assert not [k for k in active[0] if k.startswith("dra_")]

@@ -1,0 +1,110 @@
+"""``GET /api/v1/idle/``: claims that held GPUs idle, and the idle GPU-hours per namespace and model.
+
+The serializers only describe the report for the OpenAPI schema; the data comes from ``usage.report``, so
+the API, the page and ``manage.py idle`` agree.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import exceptions
+from rest_framework import serializers as s
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from dashboard.renderers import CSVRenderer, ORJSONRenderer
+from dashboard.visibility import visibility_for
+from fleet.api_base import StrictContentNegotiation, reject_empty
+from usage.report import SECTIONS, WindowError, idle_report, section_rows
+
+PARAMETERS = ("since", "until", "below", "cluster", "section", "format")
+
+
+class IdleWindow(s.Serializer):
+    since = s.DateTimeField()
+    until = s.DateTimeField()
+    cluster = s.CharField(allow_null=True)
+    below_percent = s.FloatField(help_text="Claims whose mean activity is below this are listed")
+    idle_window_minutes = s.IntegerField(help_text="Below the threshold this long makes a device idle now")
+
+
+class IdleClaimRow(s.Serializer):
+    cluster = s.CharField()
+    namespace = s.CharField()
+    claim = s.CharField()
+    model = s.CharField()
+    profile = s.CharField(allow_blank=True)
+    nodes = s.ListField(child=s.CharField())
+    devices = s.IntegerField()
+    gpus = s.FloatField(help_text="Held GPUs; a MIG device counts its compute slices / 7")
+    idle_since = s.DateTimeField(allow_null=True, help_text="Null: not idle at its last sample")
+    idle_gpu_hours = s.FloatField()
+    observed_hours = s.FloatField()
+    mean_active_percent = s.FloatField(allow_null=True, help_text="Null: only gaps were sampled")
+    gap_samples = s.IntegerField(help_text="Rounds without a value (shown as gaps, never as 0 %)")
+    first_seen = s.DateTimeField()
+    last_seen = s.DateTimeField()
+    device_names = s.ListField(child=s.CharField())
+
+
+class WasteRow(s.Serializer):
+    namespace = s.CharField()
+    model = s.CharField()
+    claims = s.IntegerField()
+    idle_gpu_hours = s.FloatField()
+
+
+class IdleReport(s.Serializer):
+    window = IdleWindow()
+    unavailable_since = s.DateTimeField(allow_null=True, help_text="Set while Prometheus does not answer")
+    claims = IdleClaimRow(many=True)
+    waste = WasteRow(many=True)
+
+
+class IdleView(APIView):
+    """Claims that held GPUs idle in a window (default the last 24 hours): idle now for at least the idle
+    window, or with a mean activity below ``below`` percent; largest waste first; and the idle GPU-hours per
+    namespace and model. Only namespaces you may see are listed. ``?format=csv`` renders one ``section``
+    (default ``claims``)."""
+
+    renderer_classes = [ORJSONRenderer, CSVRenderer]
+    content_negotiation_class = StrictContentNegotiation
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter(
+                "since", OpenApiTypes.STR, description="ISO 8601, a duration ago (24h, 7d) or now"
+            ),
+            OpenApiParameter(
+                "until", OpenApiTypes.STR, description="ISO 8601, a duration ago or now (default)"
+            ),
+            OpenApiParameter("below", OpenApiTypes.NUMBER, description="Mean activity threshold, percent"),
+            OpenApiParameter("cluster", OpenApiTypes.STR, description="Only this cluster"),
+            OpenApiParameter("section", OpenApiTypes.STR, enum=SECTIONS, description="CSV: which list"),
+            OpenApiParameter("format", OpenApiTypes.STR, enum=["json", "csv"]),
+        ],
+        responses={200: IdleReport},
+    )
+    def get(self, request: Request) -> Response:
+        reject_empty(request, PARAMETERS)
+        params = request.query_params
+        section = params.get("section", "claims")
+        if section not in SECTIONS:
+            raise exceptions.ValidationError({"section": [f"one of {', '.join(SECTIONS)}"]})
+        for name in PARAMETERS:
+            if "\x00" in params.get(name, ""):
+                raise exceptions.ValidationError({name: ["must not contain NUL"]})
+        vis = visibility_for(request.user)
+        try:
+            data: Any = idle_report(
+                params.get("since"), params.get("until"), params.get("below"), params.get("cluster"), vis.q()
+            )
+        except WindowError as exc:
+            raise exceptions.ValidationError({exc.parameter: [exc.message]}) from None
+        if request.accepted_renderer.format == "csv":
+            data = section_rows(data, section)
+        return Response(data)

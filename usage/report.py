@@ -1,0 +1,133 @@
+"""The idle-allocations report: one function behind the page, the API and ``manage.py idle``."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db.models import Q
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+
+from fleet.api_base import parse_duration
+from fleet.models import Cluster
+from usage import selectors
+
+SECTIONS = ("claims", "waste")
+
+
+class WindowError(ValueError):
+    """A window parameter we cannot read; ``parameter`` names it."""
+
+    def __init__(self, parameter: str, message: str) -> None:
+        super().__init__(f"{parameter}: {message}")
+        self.parameter = parameter
+        self.message = message
+
+
+def parse_when(parameter: str, value: str, now: datetime) -> datetime:
+    """ISO 8601 (no offset: UTC), a duration before ``now`` (``24h``, ``7d``), or ``now``. For ``since``,
+    ``now`` is the window's end."""
+    text = value.strip()
+    if text == "now":
+        return now
+    try:
+        return now - parse_duration(text)
+    except ValueError:
+        pass
+    try:
+        when = parse_datetime(text)
+    except ValueError:
+        when = None
+    if when is None:
+        raise WindowError(parameter, f"{value!r} is neither ISO 8601, a duration ago (24h, 7d) nor 'now'")
+    return when if timezone.is_aware(when) else when.replace(tzinfo=UTC)
+
+
+def parse_below(value: str | None) -> float:
+    if value is None or value == "":
+        return float(settings.CLAIMSCOPE_IDLE_BELOW_PERCENT)
+    try:
+        below = float(value)
+    except ValueError:
+        raise WindowError("below", f"{value!r} is not a number (a percentage, 0-100)") from None
+    if not 0 <= below <= 100:
+        raise WindowError("below", f"{value!r} is not a percentage between 0 and 100")
+    return below
+
+
+def idle_report(
+    since: str | None = None,
+    until: str | None = None,
+    below: str | None = None,
+    cluster: str | None = None,
+    visible: Q | None = None,
+    now: datetime | None = None,
+) -> dict[str, Any]:
+    """Claims that held GPUs idle in the window (default: the last 24 hours), the idle GPU-hours per
+    namespace and model, and since when utilization has been unavailable (None when it is not)."""
+    now = now or timezone.now()
+    end = parse_when("until", until, now) if until else now
+    start = parse_when("since", since, end) if since else end - timedelta(hours=24)
+    if start > end:
+        raise WindowError("since", "is after until")
+    below_percent = parse_below(below)
+    window = timedelta(minutes=settings.CLAIMSCOPE_IDLE_WINDOW_MINUTES)
+    cluster_ids = None
+    if cluster:
+        cluster_ids = list(Cluster.objects.filter(name=cluster).values_list("pk", flat=True))
+    claims = selectors.idle_claims(start, end, below_percent, window, cluster_ids, visible)
+    unavailable = selectors.unavailable_since(cluster_ids)
+    return {
+        "window": {
+            "since": start,
+            "until": end,
+            "cluster": cluster or None,
+            "below_percent": below_percent,
+            "idle_window_minutes": settings.CLAIMSCOPE_IDLE_WINDOW_MINUTES,
+        },
+        "unavailable_since": unavailable,
+        "claims": [asdict(c) for c in claims],
+        "waste": [asdict(w) for w in selectors.waste(claims)],
+    }
+
+
+def section_rows(report: dict[str, Any], section: str) -> list[dict[str, Any]]:
+    """One list of the report, for CSV."""
+    return list(report[section])
+
+
+def hours_text(hours: float) -> str:
+    return f"{hours:.1f}"
+
+
+def text(report: dict[str, Any]) -> str:
+    """The report as plain text (``manage.py idle``)."""
+    w = report["window"]
+    lines = [
+        f"Idle allocations {w['since']:%Y-%m-%d %H:%M} -> {w['until']:%Y-%m-%d %H:%M} UTC "
+        f"(below {w['below_percent']:g} %, idle for {w['idle_window_minutes']} min)"
+    ]
+    if report["unavailable_since"]:
+        lines.append(f"utilization unavailable since {report['unavailable_since']:%Y-%m-%d %H:%M} UTC")
+    if not report["claims"]:
+        lines.append("No claim held GPUs idle.")
+    for c in report["claims"]:
+        mean = "no samples" if c["mean_active_percent"] is None else f"mean {c['mean_active_percent']:.1f} %"
+        since = f", idle since {c['idle_since']:%Y-%m-%d %H:%M}" if c["idle_since"] else ""
+        lines.append(
+            f"{c['gpus']:g} {c['model']}{' ' + c['profile'] if c['profile'] else ''} held by "
+            f"{c['namespace']}/{c['claim']} ({c['cluster']}): "
+            f"{hours_text(c['idle_gpu_hours'])} GPU-hours idle, {mean}{since}"
+        )
+    if report["waste"]:
+        lines.append("")
+        lines.append("Idle GPU-hours per namespace and model:")
+        for x in report["waste"]:
+            lines.append(
+                f"  {x['namespace']:<30} {x['model']:<8} {hours_text(x['idle_gpu_hours']):>8}"
+                f"  ({x['claims']} claims)"
+            )
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,12 @@
+"""Utilization pages."""
+
+from typing import Any
+
+from django.urls import path
+
+from usage import views
+
+app_name = "usage"
+urlpatterns: list[Any] = [
+    path("idle/", views.idle_page, name="idle"),
+]
