@@ -10,6 +10,8 @@ from datetime import datetime, timedelta
 from django.db import transaction
 
 from fleet.models import Cluster
+from usage.cells import gpu_cells
+from usage.cells import store as store_cells
 from usage.join import DeviceInfo, DeviceRef, JoinResult
 from usage.models import ClaimUsage, DeviceUsage, SamplingState, UsageTrend
 
@@ -142,6 +144,15 @@ def record_round(
             unique_fields=["cluster", "model", "namespace", "resolution", "time"],
             update_fields=["allocated", "measured", "active", "idle"],
         )
+        cells = gpu_cells(
+            cluster.name,
+            devices,
+            {ref: m.active for ref, m in result.measured.items()},
+            {(r.driver, r.pool, r.device): r.idle_since for r in rows if r.idle_since},
+            at,
+            limits.window,
+        )
+        transaction.on_commit(lambda: store_cells(cluster, cells, at))
         state, _ = SamplingState.objects.select_for_update().get_or_create(cluster=cluster)
         state.last_round_at = state.last_ok_at = at
         state.unavailable_since = None

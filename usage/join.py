@@ -42,6 +42,7 @@ class DeviceInfo:
     model: str
     node: str
     gpu_fraction: float
+    minor: int | None = None  # the physical GPU's index on its node (the heatmap's column)
 
 
 @dataclass(frozen=True)

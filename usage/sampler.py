@@ -42,6 +42,7 @@ def device_infos(cluster_id: int) -> list[DeviceInfo]:
             model=r["model"] or "",
             node=r["node_name"] or "",
             gpu_fraction=(r["compute_slices"] or 7) / 7 if r["kind"] == "mig" else 1.0,
+            minor=r["gpu_minor"],
         )
         for r in rows
     ]

@@ -9,4 +9,5 @@ from usage import views
 app_name = "usage"
 urlpatterns: list[Any] = [
     path("idle/", views.idle_page, name="idle"),
+    path("gpus.json", views.gpus_json, name="gpus"),
 ]

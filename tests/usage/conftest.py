@@ -12,6 +12,7 @@ from fleet.importer import import_objects
 from fleet.models import Cluster
 from fleet.simulator import dcgm
 from fleet.simulator.workloads import Simulation
+from tests.browser.conftest import browser, chromium_path, page  # noqa: F401  (the browser fixtures)
 from tests.usage import prom, scenario
 from usage.config import PrometheusConfig
 from usage.prometheus import PrometheusSource
