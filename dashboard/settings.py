@@ -331,6 +331,8 @@ except PrometheusConfigError as _exc:
 CLAIMSCOPE_USAGE_INTERVAL = env_int("CLAIMSCOPE_USAGE_INTERVAL", 60, minimum=5)
 CLAIMSCOPE_IDLE_BELOW_PERCENT = env_int("CLAIMSCOPE_IDLE_BELOW_PERCENT", 5, minimum=0)
 CLAIMSCOPE_IDLE_WINDOW_MINUTES = env_int("CLAIMSCOPE_IDLE_WINDOW_MINUTES", 60, minimum=1)
+# /metrics (dashboard/metrics.py) is served only with this bearer token set.
+CLAIMSCOPE_METRICS_TOKEN = env_str("CLAIMSCOPE_METRICS_TOKEN")
 INSTALLED_APPS += ["usage"]
 CELERY_IMPORTS += ("usage.tasks",)
 CELERY_BEAT_SCHEDULE |= {
