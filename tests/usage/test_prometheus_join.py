@@ -15,6 +15,7 @@ from usage.ingest import Thresholds
 from usage.models import ClaimUsage, DeviceUsage, SamplingState
 from usage.prometheus import PrometheusSource
 from usage.sampler import sample_cluster
+from usage.tasks import sample_utilization
 
 pytestmark = pytest.mark.prometheus
 
@@ -130,3 +131,13 @@ def test_prometheus_stopped_mid_run_degrades_and_recovers(cluster, exporter, tmp
         assert state.unavailable_since is None and state.last_error == ""
     finally:
         private.stop()
+
+
+def test_the_beat_task_samples_every_mirrored_cluster_with_a_prometheus(cluster, scraped, settings):
+    source = scraped(ENTITIES)
+    settings.CLAIMSCOPE_PROMETHEUS = {
+        CLUSTER: source.config,
+        "not-mirrored": PrometheusConfig("not-mirrored", source.config.url),
+    }
+    assert sample_utilization() == {CLUSTER: True}
+    assert SamplingState.objects.get(cluster=cluster).matched == ENTITIES - 1
