@@ -10,4 +10,5 @@ app_name = "usage"
 urlpatterns: list[Any] = [
     path("idle/", views.idle_page, name="idle"),
     path("gpus.json", views.gpus_json, name="gpus"),
+    path("series.json", views.series_json, name="series"),
 ]
