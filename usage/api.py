@@ -49,6 +49,8 @@ class IdleClaimRow(s.Serializer):
     first_seen = s.DateTimeField()
     last_seen = s.DateTimeField()
     device_names = s.ListField(child=s.CharField())
+    blocked = s.IntegerField(help_text="Claims pending for lack of this model's capacity while it idled")
+    blocked_examples = s.ListField(child=s.CharField(), help_text="Some of them (visible namespaces only)")
 
 
 class WasteRow(s.Serializer):
@@ -101,7 +103,12 @@ class IdleView(APIView):
         vis = visibility_for(request.user)
         try:
             data: Any = idle_report(
-                params.get("since"), params.get("until"), params.get("below"), params.get("cluster"), vis.q()
+                params.get("since"),
+                params.get("until"),
+                params.get("below"),
+                params.get("cluster"),
+                vis.q(),
+                allows=vis.allows,
             )
         except WindowError as exc:
             raise exceptions.ValidationError({exc.parameter: [exc.message]}) from None

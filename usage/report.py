@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -65,6 +66,7 @@ def idle_report(
     cluster: str | None = None,
     visible: Q | None = None,
     now: datetime | None = None,
+    allows: Callable[[str, str], bool] | None = None,
 ) -> dict[str, Any]:
     """Claims that held GPUs idle in the window (default: the last 24 hours), the idle GPU-hours per
     namespace and model, and since when utilization has been unavailable (None when it is not)."""
@@ -79,6 +81,7 @@ def idle_report(
     if cluster:
         cluster_ids = list(Cluster.objects.filter(name=cluster).values_list("pk", flat=True))
     claims = selectors.idle_claims(start, end, below_percent, window, cluster_ids, visible)
+    selectors.add_blocked(claims, window, allows)
     unavailable = selectors.unavailable_since(cluster_ids)
     return {
         "window": {
@@ -117,10 +120,12 @@ def text(report: dict[str, Any]) -> str:
     for c in report["claims"]:
         mean = "no samples" if c["mean_active_percent"] is None else f"mean {c['mean_active_percent']:.1f} %"
         since = f", idle since {c['idle_since']:%Y-%m-%d %H:%M}" if c["idle_since"] else ""
+        held = f"{c['gpus']:g} {c['model']}{' ' + c['profile'] if c['profile'] else ''}"
+        idle_hours = c["idle_gpu_hours"] / c["gpus"] if c["gpus"] else 0.0
+        waited = f" while {c['blocked']} claims waited for {c['model']}" if c["blocked"] else ""
         lines.append(
-            f"{c['gpus']:g} {c['model']}{' ' + c['profile'] if c['profile'] else ''} held by "
-            f"{c['namespace']}/{c['claim']} ({c['cluster']}): "
-            f"{hours_text(c['idle_gpu_hours'])} GPU-hours idle, {mean}{since}"
+            f"{held} idle for {hours_text(idle_hours)} h held by {c['namespace']}/{c['claim']} "
+            f"({c['cluster']}){waited}: {hours_text(c['idle_gpu_hours'])} GPU-hours idle, {mean}{since}"
         )
     if report["waste"]:
         lines.append("")

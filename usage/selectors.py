@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from django.apps import apps
 from django.db.models import Q, QuerySet
 
 from usage.models import ClaimUsage, DeviceUsage, SamplingState, UsageTrend
@@ -32,6 +33,8 @@ class IdleClaim:
     first_seen: datetime
     last_seen: datetime
     device_names: list[str] = field(default_factory=list)
+    blocked: int = 0
+    blocked_examples: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,45 @@ def idle_claims(
         )
     out.sort(key=lambda c: (-c.idle_gpu_hours, -c.gpus, c.namespace, c.claim))
     return out
+
+
+def add_blocked(
+    claims: list[IdleClaim], window: timedelta, allows: Callable[[str, str], bool] | None = None
+) -> None:
+    """Count, for each idle claim, the claims that waited for its model while it sat idle: pending for
+    lack of capacity (their diagnosis found devices of that model, fewer free than needed) between its
+    idle start (or first sample) and its last sample. Waiting claims the viewer may not see are counted,
+    not named."""
+    if not claims:
+        return
+    # Through the app registry: pending causes are the claims app's, and usage reads them, never imports.
+    cause = apps.get_model("claims", "PendingCause")
+    since = min(c.idle_since or c.first_seen for c in claims)
+    until = max(c.last_seen for c in claims)
+    waiting: list[tuple[str, str, str, datetime, datetime, set[str]]] = []
+    rows = cause.objects.filter(category="capacity", last_seen__gte=since, first_seen__lte=until)
+    for cluster, namespace, name, first, last, result in rows.values_list(
+        "cluster__name", "namespace", "name", "first_seen", "last_seen", "result"
+    ):
+        models = {
+            str(g.get("model", ""))
+            for r in (result or {}).get("requests", [])
+            for g in r.get("groups", [])
+            # Devices of the model match, but fewer are free than the request needs.
+            if g.get("matching") and int(g.get("free") or 0) < int(r.get("count") or 1)
+        }
+        waiting.append((cluster, namespace, name, first, last, models))
+    for c in claims:
+        start = c.idle_since or c.first_seen
+        names = sorted(
+            {
+                (ns, name)
+                for cluster, ns, name, first, last, models in waiting
+                if cluster == c.cluster and c.model in models and first <= c.last_seen and last >= start
+            }
+        )
+        c.blocked = len(names)
+        c.blocked_examples = [f"{ns}/{n}" for ns, n in names if allows is None or allows(c.cluster, ns)][:5]
 
 
 def waste(claims: Iterable[IdleClaim]) -> list[Waste]:

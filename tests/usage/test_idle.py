@@ -63,6 +63,21 @@ def test_the_api_lists_the_idle_claim_with_its_waste(sampled, api):
     assert body["unavailable_since"] is None
 
 
+def test_the_claims_that_waited_for_the_idle_model_are_counted(sampled, api):
+    from claims.tasks import _recompute
+
+    _recompute(
+        sampled.name, (timezone.now() - timedelta(minutes=50)).isoformat()
+    )  # finetune-0 waits for B200
+    claim = api.get("/api/v1/idle/").json()["claims"][0]
+    assert claim["blocked"] == 1
+    assert claim["blocked_examples"] == ["ml-train/" + claim["blocked_examples"][0].split("/")[1]]
+    assert claim["blocked_examples"][0].startswith("ml-train/finetune-0")
+    out = StringIO()
+    call_command("idle", stdout=out)
+    assert "while 1 claims waited for B200" in out.getvalue()
+
+
 def test_the_below_threshold_lists_claims_by_mean_activity(sampled, api):
     names = {c["claim"].rsplit("-", 3)[0] for c in api.get("/api/v1/idle/?below=100").json()["claims"]}
     assert names == {"notebook-x", "pretrain-0", "chat-1g-00", "chat-1g-01", "chat-2g-00"}
@@ -121,7 +136,8 @@ def test_the_schema_documents_the_endpoint(api):
 def test_the_command_prints_text_json_and_csv(sampled):
     out = StringIO()
     call_command("idle", stdout=out)
-    assert "3 B200 held by ml-train/notebook-x" in out.getvalue()
+    assert "3 B200 idle for " in out.getvalue()
+    assert " h held by ml-train/notebook-x" in out.getvalue()
     out = StringIO()
     call_command("idle", "--format", "json", stdout=out)
     assert json.loads(out.getvalue())["claims"][0]["namespace"] == "ml-train"
