@@ -8,7 +8,7 @@ Targets (issue 19): one sampling round (query + join + write) within 2 s of work
 heatmap's utilization data as fast as its allocation data (warm); the idle report over 7 days within 1 s.
 Prometheus's own query time is printed beside ours. The fleet plus synthetic claims (bench_heatmap: ~60% of
 whole GPUs held, one in ten claims idle here) goes into the "bench-usage" cluster of DATABASE_URL (a scratch
-database: replaced unless --reuse). A private Prometheus (the ``prometheus`` binary, 15 s scrapes) scrapes the
+database: replaced unless --reuse). A private Prometheus (the ``prometheus`` binary, 30 s scrapes) scrapes the
 stand-in; each round runs in a fresh process so its peak RSS is the round's own.
 """
 
@@ -80,7 +80,7 @@ def private_prometheus(folder: Path, target_port: int, port: int) -> subprocess.
     binary = shutil.which("prometheus")
     assert binary, "the prometheus binary is missing: scripts/services.sh start installs it"
     config = {
-        "global": {"scrape_interval": "15s", "scrape_timeout": "14s"},
+        "global": {"scrape_interval": "30s", "scrape_timeout": "25s"},
         "scrape_configs": [
             {"job_name": "dcgm", "static_configs": [{"targets": [f"127.0.0.1:{target_port}"]}]}
         ],
@@ -96,6 +96,37 @@ def private_prometheus(folder: Path, target_port: int, port: int) -> subprocess.
         stdout=subprocess.DEVNULL,
         stderr=(folder / "prometheus.log").open("wb"),
     )
+
+
+class _Frozen:
+    def __init__(self, server: Any) -> None:
+        self.server = server
+        self.port = server.server_port
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def frozen_exporter(body: bytes) -> _Frozen:
+    """Serve one pre-rendered exposition page at /metrics in a thread."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return _Frozen(server)
 
 
 def wait_for_series(url: str, entities: int) -> None:
@@ -172,11 +203,15 @@ def main() -> int:
     entities = sum(1 for s in series if s.metric == dcgm.ENGINE_ACTIVE)
     took = time.perf_counter() - t0
     print(f"stand-in: {len(series):,} series, {entities:,} GPU/MIG entities (computed in {took:.1f} s)")
-    exporter = dcgm.DcgmExporter(lambda: series)
-    exporter.start()
+    renderer = dcgm.DcgmExporter(lambda: series)
+    renderer.start()
     t0 = time.perf_counter()
-    body = requests.get(exporter.url, timeout=120).content
-    print(f"stand-in scrape: {len(body) / 1e6:.1f} MB in {time.perf_counter() - t0:.1f} s")
+    body = requests.get(renderer.url, timeout=120).content
+    print(f"stand-in scrape: {len(body) / 1e6:.1f} MB rendered in {time.perf_counter() - t0:.1f} s")
+    renderer.stop()
+    # The values do not change here: serve the rendered page, so Prometheus's scrapes stay far inside
+    # their timeout on a loaded machine (what is measured is the round, not the stand-in).
+    exporter = frozen_exporter(body)
     with tempfile.TemporaryDirectory(prefix="bench-usage-prom-") as tmp:
         from tests.usage.prom import free_port
 

@@ -125,3 +125,15 @@ def test_the_idle_page_lists_the_idle_claim_and_links_its_exports(sampled, serve
     csv_link = page.get_attribute("text=CSV", "href")
     assert csv_link is not None and "format=csv" in csv_link and "below=100" in csv_link
     assert not page.console_errors
+
+
+def test_the_triage_report_says_which_claims_held_gpus_idle(sampled, server, page):
+    log_in(page, server)
+    page.goto(f"{server}/claims/triage/?since=3h")
+    page.wait_for_selector("#idle-section[data-state=loaded]")
+    sentences = page.locator("#idle-sentences li").all_text_contents()
+    assert len(sentences) == 1
+    assert sentences[0].startswith("3 B200 idle for ")
+    assert " h held by ml-train/notebook-x" in sentences[0]
+    assert page.locator("#idle-waste-triage tbody tr").first.text_content().startswith("ml-trainB200")
+    assert not page.console_errors
