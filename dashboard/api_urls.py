@@ -39,6 +39,7 @@ v1: list[Any] = [
     path("summary/", fleet_api.SummaryView.as_view(), name="summary"),
     path("triage/", api_triage.TriageView.as_view(), name="triage"),
     path("idle/", usage_api.IdleView.as_view(), name="idle"),
+    path("usage-trends/", usage_api.UsageTrendsView.as_view(), name="usage-trends"),
 ]
 
 urlpatterns: list[Any] = [

@@ -20,6 +20,7 @@ from dashboard.renderers import CSVRenderer, ORJSONRenderer
 from dashboard.visibility import visibility_for
 from fleet.api_base import StrictContentNegotiation, reject_empty
 from usage.report import SECTIONS, WindowError, idle_report, section_rows
+from usage.trends import GROUPS, trend_rows
 
 PARAMETERS = ("since", "until", "below", "cluster", "section", "format")
 
@@ -114,4 +115,73 @@ class IdleView(APIView):
             raise exceptions.ValidationError({exc.parameter: [exc.message]}) from None
         if request.accepted_renderer.format == "csv":
             data = section_rows(data, section)
+        return Response(data)
+
+
+class TrendPoint(s.Serializer):
+    time = s.DateTimeField()
+    cluster = s.CharField()
+    model = s.CharField(required=False, help_text="With group model or model,namespace")
+    namespace = s.CharField(required=False, allow_blank=True, help_text="Empty: devices nobody holds")
+    allocated = s.FloatField(help_text="Held GPUs (MIG devices as compute slices / 7)")
+    measured = s.FloatField(help_text="Held GPUs with a sample (the rest were gaps)")
+    active = s.FloatField(help_text="Held GPUs weighted by measured activity")
+    idle = s.FloatField(help_text="Held GPUs idle for the idle window")
+    utilization_percent = s.FloatField(allow_null=True)
+
+
+class TrendWindow(s.Serializer):
+    since = s.DateTimeField()
+    until = s.DateTimeField()
+    cluster = s.CharField(allow_null=True)
+    group = s.ChoiceField(choices=list(GROUPS))
+    resolution = s.ChoiceField(choices=["minute", "hour"])
+
+
+class TrendReport(s.Serializer):
+    window = TrendWindow()
+    truncated = s.BooleanField(help_text="More than 50,000 points: narrow the window")
+    points = TrendPoint(many=True)
+
+
+TREND_PARAMETERS = ("since", "until", "cluster", "group", "format")
+
+
+class UsageTrendsView(APIView):
+    """Allocation against measured utilization over time, summed per model, namespace or both (default
+    model): per minute up to 7 days back, hourly beyond (kept a year). ``?format=csv`` gives the points."""
+
+    renderer_classes = [ORJSONRenderer, CSVRenderer]
+    content_negotiation_class = StrictContentNegotiation
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter(
+                "since", OpenApiTypes.STR, description="ISO 8601, a duration ago (24h, 7d) or now"
+            ),
+            OpenApiParameter(
+                "until", OpenApiTypes.STR, description="ISO 8601, a duration ago or now (default)"
+            ),
+            OpenApiParameter("cluster", OpenApiTypes.STR, description="Only this cluster"),
+            OpenApiParameter(
+                "group", OpenApiTypes.STR, enum=list(GROUPS), description="Sum per (default model)"
+            ),
+            OpenApiParameter("format", OpenApiTypes.STR, enum=["json", "csv"]),
+        ],
+        responses={200: TrendReport},
+    )
+    def get(self, request: Request) -> Response:
+        reject_empty(request, TREND_PARAMETERS)
+        params = request.query_params
+        for name in TREND_PARAMETERS:
+            if "\x00" in params.get(name, ""):
+                raise exceptions.ValidationError({name: ["must not contain NUL"]})
+        try:
+            data: Any = trend_rows(
+                params.get("since"), params.get("until"), params.get("cluster"), params.get("group")
+            )
+        except WindowError as exc:
+            raise exceptions.ValidationError({exc.parameter: [exc.message]}) from None
+        if request.accepted_renderer.format == "csv":
+            data = data["points"]
         return Response(data)

@@ -21,6 +21,7 @@ from usage import cells, charts, selectors
 from usage.models import SamplingState
 from usage.prometheus import PrometheusSource, PrometheusUnavailable
 from usage.report import WindowError, idle_report
+from usage.trends import GROUPS, trend_rows
 
 
 def _param(request: HttpRequest, name: str) -> str | None:
@@ -108,3 +109,21 @@ def series_json(request: HttpRequest) -> HttpResponse:
         return HttpResponse(dumps(body), content_type="application/json")
     body["activity"], body["memory"] = traces.activity, traces.memory
     return HttpResponse(dumps(body), content_type="application/json")
+
+
+def trends_page(request: HttpRequest) -> HttpResponse:
+    """Allocation against utilization per model over a window (default 24 h), charted from the API's data."""
+    query = {name: _param(request, name) or "" for name in ("since", "until", "cluster", "group")}
+    try:
+        data = trend_rows(
+            query["since"] or None, query["until"] or None, query["cluster"] or None, query["group"] or None
+        )
+    except WindowError as exc:
+        return HttpResponseBadRequest(f"{exc.parameter}: {exc.message}", content_type="text/plain")
+    context = {
+        "data": data,
+        "query": query,
+        "groups": list(GROUPS),
+        "cluster_choices": list(Cluster.objects.order_by("name").values_list("name", flat=True)),
+    }
+    return render(request, "usage/trends.html", context)

@@ -161,3 +161,25 @@ def test_the_page_lists_the_idle_claim_and_says_when_utilization_is_unavailable(
     page = client.get("/usage/idle/").content.decode()
     assert "Utilization unavailable since" in page
     assert "ml-train/notebook-x" in page  # what was sampled stays listed
+
+
+def test_trends_sum_allocation_and_activity_per_model(sampled, api):
+    body = api.get("/api/v1/usage-trends/?since=2h").json()
+    assert body["window"]["group"] == "model" and body["window"]["resolution"] == "minute"
+    b200 = [p for p in body["points"] if p["model"] == "B200"]
+    assert len(b200) == 5  # one per round
+    assert {p["allocated"] for p in b200} == {7.0}  # notebook-x's 3 + pretrain-0's 4
+    assert all(p["active"] < 4.5 for p in b200)  # only pretrain-0 works
+    assert b200[-1]["idle"] == 3.0  # notebook-x's GPUs, idle for the 30-minute window by then
+    per_namespace = api.get(
+        "/api/v1/usage-trends/?since=2h&group=model,namespace&format=csv"
+    ).content.decode()
+    assert per_namespace.splitlines()[0].startswith("time,cluster,model,namespace,allocated")
+    assert api.get("/api/v1/usage-trends/?group=pool").status_code == 400
+
+
+def test_the_trends_page_charts_the_points(sampled, client):
+    client.force_login(get_user_model().objects.create_user("viewer", password="x-correct-horse"))
+    page = client.get("/usage/trends/?since=2h").content.decode()
+    assert 'id="trends-chart"' in page and 'id="trends-data"' in page
+    assert client.get("/usage/trends/?since=soon").status_code == 400
