@@ -229,7 +229,7 @@ def main() -> int:
                 f"{url}/api/v1/query", params={"query": query, "stats": "all"}, timeout=60
             ).json()
             timings = stats["data"].get("stats", {}).get("timings", {})
-            evaluation = timings.get("evalTotalTimeSeconds", 0) * 1000
+            evaluation = timings.get("evalTotalTime", 0) * 1000
             print(f"Prometheus's own evaluation of the round's query: {evaluation:.0f} ms")
             for n in range(args.rounds):
                 done = subprocess.run(
