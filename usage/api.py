@@ -23,6 +23,7 @@ from usage.report import SECTIONS, WindowError, idle_report, section_rows
 from usage.trends import GROUPS, trend_rows
 
 PARAMETERS = ("since", "until", "below", "cluster", "section", "format")
+_WHEN = "ISO 8601 (no offset: UTC), a duration before now (24h, 7d; for since: before until) or 'now'"
 
 
 class IdleWindow(s.Serializer):
@@ -80,12 +81,14 @@ class IdleView(APIView):
     @extend_schema(
         parameters=[
             OpenApiParameter(
-                "since", OpenApiTypes.STR, description="ISO 8601, a duration ago (24h, 7d) or now"
+                "since", OpenApiTypes.DATETIME, description=f"Start (default 24h before until): {_WHEN}"
             ),
+            OpenApiParameter("until", OpenApiTypes.DATETIME, description=f"End (default now): {_WHEN}"),
             OpenApiParameter(
-                "until", OpenApiTypes.STR, description="ISO 8601, a duration ago or now (default)"
+                "below",
+                {"type": "number", "minimum": 0, "maximum": 100},
+                description="Mean activity threshold, percent (default CLAIMSCOPE_IDLE_BELOW_PERCENT)",
             ),
-            OpenApiParameter("below", OpenApiTypes.NUMBER, description="Mean activity threshold, percent"),
             OpenApiParameter("cluster", OpenApiTypes.STR, description="Only this cluster"),
             OpenApiParameter("section", OpenApiTypes.STR, enum=SECTIONS, description="CSV: which list"),
             OpenApiParameter("format", OpenApiTypes.STR, enum=["json", "csv"]),
@@ -157,11 +160,9 @@ class UsageTrendsView(APIView):
     @extend_schema(
         parameters=[
             OpenApiParameter(
-                "since", OpenApiTypes.STR, description="ISO 8601, a duration ago (24h, 7d) or now"
+                "since", OpenApiTypes.DATETIME, description=f"Start (default 24h before until): {_WHEN}"
             ),
-            OpenApiParameter(
-                "until", OpenApiTypes.STR, description="ISO 8601, a duration ago or now (default)"
-            ),
+            OpenApiParameter("until", OpenApiTypes.DATETIME, description=f"End (default now): {_WHEN}"),
             OpenApiParameter("cluster", OpenApiTypes.STR, description="Only this cluster"),
             OpenApiParameter(
                 "group", OpenApiTypes.STR, enum=list(GROUPS), description="Sum per (default model)"

@@ -38,6 +38,8 @@ def parse_when(parameter: str, value: str, now: datetime) -> datetime:
         return now - parse_duration(text)
     except ValueError:
         pass
+    except OverflowError:
+        raise WindowError(parameter, f"{value!r} reaches before year 1") from None
     try:
         when = parse_datetime(text)
     except ValueError:
@@ -45,6 +47,18 @@ def parse_when(parameter: str, value: str, now: datetime) -> datetime:
     if when is None:
         raise WindowError(parameter, f"{value!r} is neither ISO 8601, a duration ago (24h, 7d) nor 'now'")
     return when if timezone.is_aware(when) else when.replace(tzinfo=UTC)
+
+
+def window(since: str | None, until: str | None, now: datetime) -> tuple[datetime, datetime]:
+    """The (start, end) of a report: ``until`` default now, ``since`` default 24 hours before it."""
+    end = parse_when("until", until, now) if until else now
+    try:
+        start = parse_when("since", since, end) if since else end - timedelta(hours=24)
+    except OverflowError:
+        raise WindowError("since", "the window would start before year 1") from None
+    if start > end:
+        raise WindowError("since", "is after until")
+    return start, end
 
 
 def parse_below(value: str | None) -> float:
@@ -71,17 +85,14 @@ def idle_report(
     """Claims that held GPUs idle in the window (default: the last 24 hours), the idle GPU-hours per
     namespace and model, and since when utilization has been unavailable (None when it is not)."""
     now = now or timezone.now()
-    end = parse_when("until", until, now) if until else now
-    start = parse_when("since", since, end) if since else end - timedelta(hours=24)
-    if start > end:
-        raise WindowError("since", "is after until")
+    start, end = window(since, until, now)
     below_percent = parse_below(below)
-    window = timedelta(minutes=settings.CLAIMSCOPE_IDLE_WINDOW_MINUTES)
+    idle_window = timedelta(minutes=settings.CLAIMSCOPE_IDLE_WINDOW_MINUTES)
     cluster_ids = None
     if cluster:
         cluster_ids = list(Cluster.objects.filter(name=cluster).values_list("pk", flat=True))
-    claims = selectors.idle_claims(start, end, below_percent, window, cluster_ids, visible)
-    selectors.add_blocked(claims, window, allows)
+    claims = selectors.idle_claims(start, end, below_percent, idle_window, cluster_ids, visible)
+    selectors.add_blocked(claims, idle_window, allows)
     unavailable = selectors.unavailable_since(cluster_ids)
     return {
         "window": {

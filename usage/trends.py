@@ -13,7 +13,7 @@ from django.db.models import Sum
 from django.utils import timezone
 
 from usage import selectors
-from usage.report import WindowError, parse_when
+from usage.report import WindowError, window
 
 GROUPS = {"model": ("model",), "namespace": ("namespace",), "model,namespace": ("model", "namespace")}
 MAX_POINTS = 50_000
@@ -28,10 +28,7 @@ def trend_rows(
 ) -> dict[str, Any]:
     """Summed points per (time, cluster, group) in the window (default the last 24 hours)."""
     now = now or timezone.now()
-    end = parse_when("until", until, now) if until else now
-    start = parse_when("since", since, end) if since else end - timedelta(hours=24)
-    if start > end:
-        raise WindowError("since", "is after until")
+    start, end = window(since, until, now)
     chosen = group or "model"
     if chosen not in GROUPS:
         raise WindowError("group", f"one of {', '.join(GROUPS)}")

@@ -104,6 +104,7 @@ def test_the_csv_has_one_row_per_claim_or_per_group(sampled, api):
         ("section=nope", "section"),
         ("since=2026-03-09T10:00:00Z&until=2026-03-09T09:00:00Z", "since"),
         ("since=", "since"),
+        ("until=0001-01-01T00:00:00Z", "since"),  # the default start would be before year 1
     ],
 )
 def test_bad_input_is_a_400_naming_the_field(api, query, field):
