@@ -35,7 +35,9 @@ def parse_when(parameter: str, value: str, now: datetime) -> datetime:
     if text == "now":
         return now
     try:
-        return now - parse_duration(text)
+        # A unit is required ("24h", not "24"): a bare number is no date-time and no clear duration.
+        if text[-1:].isalpha():
+            return now - parse_duration(text)
     except ValueError:
         pass
     except OverflowError:
@@ -46,7 +48,13 @@ def parse_when(parameter: str, value: str, now: datetime) -> datetime:
         when = None
     if when is None:
         raise WindowError(parameter, f"{value!r} is neither ISO 8601, a duration ago (24h, 7d) nor 'now'")
-    return when if timezone.is_aware(when) else when.replace(tzinfo=UTC)
+    if not timezone.is_aware(when):
+        return when.replace(tzinfo=UTC)
+    try:
+        # In UTC: PostgreSQL refuses offsets beyond ±15:59, which ISO 8601 strings may carry.
+        return when.astimezone(UTC)
+    except OverflowError:
+        raise WindowError(parameter, f"{value!r} is out of range") from None
 
 
 def window(since: str | None, until: str | None, now: datetime) -> tuple[datetime, datetime]:

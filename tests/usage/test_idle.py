@@ -104,7 +104,9 @@ def test_the_csv_has_one_row_per_claim_or_per_group(sampled, api):
         ("section=nope", "section"),
         ("since=2026-03-09T10:00:00Z&until=2026-03-09T09:00:00Z", "since"),
         ("since=", "since"),
-        ("until=0001-01-01T00:00:00Z", "since"),  # the default start would be before year 1
+        ("until=0001-01-01T00:00:00Z", "since"),
+        ("until=0", "until"),  # a duration needs its unit
+        ("until=9999-12-31T23:00:00-05:00", "until"),  # the default start would be before year 1
     ],
 )
 def test_bad_input_is_a_400_naming_the_field(api, query, field):
@@ -177,6 +179,12 @@ def test_trends_sum_allocation_and_activity_per_model(sampled, api):
     ).content.decode()
     assert per_namespace.splitlines()[0].startswith("time,cluster,model,namespace,allocated")
     assert api.get("/api/v1/usage-trends/?group=pool").status_code == 400
+
+
+def test_a_time_with_a_far_offset_is_read_in_utc(api):
+    # PostgreSQL refuses offsets beyond 15:59; the window is compared in UTC.
+    body = api.get("/api/v1/usage-trends/?since=0121-10-21T06:45:12.914-16:09").json()
+    assert body["window"]["since"] == "0121-10-21T22:54:12.914000Z"
 
 
 def test_the_trends_page_charts_the_points(sampled, client):
