@@ -126,6 +126,24 @@ def churn(simulation: Simulation, stop: threading.Event, speed: float, tick: flo
         close_old_connections()
 
 
+def sample_usage(simulation: Simulation, stop: threading.Event, every: float = 10.0) -> None:
+    """Sample the simulated GPUs' utilization every ``every`` seconds, from the dcgm-exporter stand-in in
+    process: the demo has no Prometheus, but the same sampler, join and tables as production."""
+    from fleet.simulator import dcgm
+    from usage.sampler import sample_cluster
+    from usage.tasks import thresholds
+
+    source = dcgm.InProcessSource(lambda: dcgm.cluster_series(simulation.cluster, dcgm.now()))
+    try:
+        while not stop.wait(every):
+            cluster = ingest.get_or_create_cluster(CLUSTER_NAME, "simulated fleet (make demo)")
+            sample_cluster(cluster, source, timezone.now(), thresholds())
+    except Exception:
+        log.exception("demo utilization sampling stopped")
+    finally:
+        connection.close()
+
+
 def start(seed: int = 0, speed: float = 60.0, now: datetime | None = None) -> Demo:
     """Replay the weekend ending ``now`` (default the current minute) into the demo cluster, then start the
     streams (one thread per kind) and the live churn; returns a handle to stop them.
@@ -157,6 +175,11 @@ def start(seed: int = 0, speed: float = 60.0, now: datetime | None = None) -> De
         )
     demo.threads.append(
         threading.Thread(target=churn, args=(demo.simulation, demo.stop, 1.0), name="demo-churn", daemon=True)
+    )
+    demo.threads.append(
+        threading.Thread(
+            target=sample_usage, args=(demo.simulation, demo.stop), name="demo-usage", daemon=True
+        )
     )
     for thread in demo.threads:
         thread.start()

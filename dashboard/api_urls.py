@@ -13,6 +13,7 @@ from claims import api as claims_api
 from claims import api_triage, diagnosis_api
 from fleet import api as fleet_api
 from fleet import api_tokens
+from usage import api as usage_api
 
 app_name = "api"
 
@@ -37,6 +38,8 @@ v1: list[Any] = [
     path("heatmap/", fleet_api.HeatmapView.as_view(), name="heatmap"),
     path("summary/", fleet_api.SummaryView.as_view(), name="summary"),
     path("triage/", api_triage.TriageView.as_view(), name="triage"),
+    path("idle/", usage_api.IdleView.as_view(), name="idle"),
+    path("usage-trends/", usage_api.UsageTrendsView.as_view(), name="usage-trends"),
 ]
 
 urlpatterns: list[Any] = [

@@ -171,7 +171,8 @@ CLAIMSCOPE_WATCH_BACKOFF_MAX = env_int("CLAIMSCOPE_WATCH_BACKOFF_MAX", 30, minim
 # first page after a deploy does not pay the one full read of the fleet (seconds on 40k GPUs).
 CLAIMSCOPE_WARM_HEATMAP = env_bool("CLAIMSCOPE_WARM_HEATMAP", False)
 # Allocation history (fleet/tasks_history.py): a sample a minute, downsampling hourly.
-CELERY_IMPORTS = ("fleet.tasks_history",)  # not a `tasks` module: autodiscovery does not find it
+# Not `tasks` modules: autodiscovery does not find them.
+CELERY_IMPORTS: tuple[str, ...] = ("fleet.tasks_history",)
 CELERY_BEAT_SCHEDULE |= {
     "history-sample": {"task": "fleet.tasks_history.sample_allocation", "schedule": 60.0},
     "history-downsample": {"task": "fleet.tasks_history.downsample_history", "schedule": 3600.0},
@@ -322,4 +323,24 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+}
+
+# Utilization (usage/, docs/utilization.md): DCGM series from each cluster's Prometheus, sampled by beat.
+from usage.config import PrometheusConfigError  # noqa: E402
+from usage.config import parse as _parse_prometheus  # noqa: E402
+
+try:
+    CLAIMSCOPE_PROMETHEUS = _parse_prometheus(env_str("CLAIMSCOPE_PROMETHEUS"))
+except PrometheusConfigError as _exc:
+    raise ConfigError("CLAIMSCOPE_PROMETHEUS", env_str("CLAIMSCOPE_PROMETHEUS"), str(_exc)) from None
+CLAIMSCOPE_USAGE_INTERVAL = env_int("CLAIMSCOPE_USAGE_INTERVAL", 60, minimum=5)
+CLAIMSCOPE_IDLE_BELOW_PERCENT = env_int("CLAIMSCOPE_IDLE_BELOW_PERCENT", 5, minimum=0)
+CLAIMSCOPE_IDLE_WINDOW_MINUTES = env_int("CLAIMSCOPE_IDLE_WINDOW_MINUTES", 60, minimum=1)
+# /metrics (dashboard/metrics.py) is served only with this bearer token set.
+CLAIMSCOPE_METRICS_TOKEN = env_str("CLAIMSCOPE_METRICS_TOKEN")
+INSTALLED_APPS += ["usage"]
+CELERY_IMPORTS += ("usage.tasks",)
+CELERY_BEAT_SCHEDULE |= {
+    "usage-sample": {"task": "usage.tasks.sample_utilization", "schedule": float(CLAIMSCOPE_USAGE_INTERVAL)},
+    "usage-downsample": {"task": "usage.tasks.downsample_trends", "schedule": 3600.0},
 }

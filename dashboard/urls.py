@@ -4,13 +4,14 @@ from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_not_required
 from django.urls import include, path
 
-from dashboard import views
+from dashboard import metrics, views
 
 # Each app owns its routes: fleet pages (fleet/urls.py), claim pages (claims/urls.py), the REST API
 # (dashboard/api_urls.py). Keep this file to includes.
 urlpatterns = [
     path("", views.home, name="home"),
     path("healthz", views.healthz, name="healthz"),
+    path("metrics", metrics.metrics, name="metrics"),
     path(
         "accounts/login/",
         auth_views.LoginView.as_view(
@@ -25,6 +26,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("fleet/", include("fleet.urls")),
     path("claims/", include("claims.urls")),
+    path("usage/", include("usage.urls")),
     path("api/", include("dashboard.api_urls")),
 ]
 if settings.CLAIMSCOPE_OIDC_ENABLED:

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Install (when missing) and start PostgreSQL and Redis for tests, on project-local data dirs and ports.
+# Install (when missing) and start PostgreSQL, Redis and Prometheus for tests, on project-local data dirs and
+# ports.
 # Idempotent: a second run finds them running and does nothing. Works as root (PostgreSQL then runs as the
-# "postgres" system user, which refuses root). Prints the DATABASE_URL / REDIS_URL to use.
+# "postgres" system user, which refuses root). Prints the DATABASE_URL / REDIS_URL / PROMETHEUS_URL
+# to use.
 #
 #   scripts/services.sh start|stop|status|env
 set -euo pipefail
@@ -18,6 +20,8 @@ else
   PG_DATA="${CLAIMSCOPE_PG_DATA:-$RUN/pg}"
 fi
 REDIS_DIR="$RUN/redis"
+PROM_PORT="${CLAIMSCOPE_PROMETHEUS_PORT:-59090}"
+PROM_DIR="$RUN/prometheus"
 
 log() { echo "services: $*" >&2; }
 
@@ -105,6 +109,56 @@ start_redis() {
   log "Redis started on 127.0.0.1:$REDIS_PORT"
 }
 
+# Prometheus scrapes only what tests register: one JSON file per target group in $PROM_DIR/targets/ (job
+# "dcgm", the simulator's dcgm-exporter stand-ins) or $PROM_DIR/targets-claimscope/ (job "claimscope", our own
+# /metrics with the bearer token in $PROM_DIR/claimscope-token). A relabel rule drops every target that is
+# not on loopback, so nothing a test writes can make it reach outside the machine. No remote write/read,
+# no alerting, no admin API: the defaults of the package's systemd unit are not used.
+write_prometheus_config() {
+  mkdir -p "$PROM_DIR/targets" "$PROM_DIR/targets-claimscope" "$PROM_DIR/data"
+  [ -f "$PROM_DIR/claimscope-token" ] || head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$PROM_DIR/claimscope-token"
+  cat >"$PROM_DIR/prometheus.yml" <<CONF
+global:
+  scrape_interval: 2s
+  scrape_timeout: 1s
+  evaluation_interval: 2s
+scrape_configs:
+  - job_name: dcgm
+    file_sd_configs:
+      - files: ["$PROM_DIR/targets/*.json"]
+        refresh_interval: 2s
+    relabel_configs: &loopback_only
+      - source_labels: [__address__]
+        regex: '(127\\.0\\.0\\.1|localhost|\\[::1\\]):[0-9]+'
+        action: keep
+  - job_name: claimscope
+    authorization:
+      credentials_file: $PROM_DIR/claimscope-token
+    file_sd_configs:
+      - files: ["$PROM_DIR/targets-claimscope/*.json"]
+        refresh_interval: 2s
+    relabel_configs: *loopback_only
+CONF
+}
+
+start_prometheus() {
+  command -v prometheus >/dev/null || apt_install prometheus
+  write_prometheus_config
+  if curl -fsS "http://127.0.0.1:$PROM_PORT/-/ready" >/dev/null 2>&1; then
+    log "Prometheus already running on $PROM_PORT"
+    return
+  fi
+  nohup prometheus --config.file="$PROM_DIR/prometheus.yml" --web.listen-address="127.0.0.1:$PROM_PORT" \
+    --storage.tsdb.path="$PROM_DIR/data" --storage.tsdb.retention.time=2d \
+    --web.console.templates=/dev/null --web.console.libraries=/dev/null \
+    >"$PROM_DIR/prometheus.log" 2>&1 &
+  echo $! >"$PROM_DIR/prometheus.pid"
+  for _ in $(seq 100); do curl -fsS "http://127.0.0.1:$PROM_PORT/-/ready" >/dev/null 2>&1 && break; sleep 0.1; done
+  curl -fsS "http://127.0.0.1:$PROM_PORT/-/ready" >/dev/null ||
+    { log "Prometheus did not start: see $PROM_DIR/prometheus.log"; exit 1; }
+  log "Prometheus started on 127.0.0.1:$PROM_PORT"
+}
+
 stop_all() {
   local bin
   bin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1 || true)
@@ -112,20 +166,26 @@ stop_all() {
     as_pg "$bin/pg_ctl" -D "$PG_DATA" -m fast stop >/dev/null 2>&1 || true
   fi
   redis-cli -p "$REDIS_PORT" shutdown nosave >/dev/null 2>&1 || true
+  if [ -f "$PROM_DIR/prometheus.pid" ]; then
+    kill "$(cat "$PROM_DIR/prometheus.pid")" 2>/dev/null || true
+    rm -f "$PROM_DIR/prometheus.pid"
+  fi
   log "stopped"
 }
 
 print_env() {
   echo "DATABASE_URL=postgres://claimscope@127.0.0.1:$PG_PORT/claimscope"
   echo "REDIS_URL=redis://127.0.0.1:$REDIS_PORT/0"
+  echo "PROMETHEUS_URL=http://127.0.0.1:$PROM_PORT"
 }
 
 case "${1:-start}" in
-  start) start_pg; start_redis; print_env ;;
+  start) start_pg; start_redis; start_prometheus; print_env ;;
   stop) stop_all ;;
   env) print_env ;;
   status)
     redis-cli -p "$REDIS_PORT" ping || true
+    curl -fsS "http://127.0.0.1:$PROM_PORT/-/ready" || true
     bin=$(pg_bin); as_pg "$bin/pg_ctl" -D "$PG_DATA" status || true ;;
   *) echo "usage: $0 start|stop|status|env" >&2; exit 2 ;;
 esac

@@ -6,6 +6,10 @@
  * whole matrix for every delta: 180-370 ms.) Rows are nodes, sorted by cluster, model, pool and name, and
  * grouped by cluster and model; when a group has more nodes than fit the height, its rows flow into
  * several bands side by side (top to bottom, then the next band). No build step: plain browser JavaScript.
+ *
+ * Colour by allocation (the cells' slices) or by utilization: /usage/gpus.json (usage/cells.py), polled,
+ * gives each GPU's measured activity (null: a gap, drawn hatched, never as 0 %) and an "allocated but
+ * idle" mark, drawn in both modes.
  */
 "use strict";
 (function () {
@@ -16,6 +20,7 @@
     [176, 165, 114], [192, 177, 109], [209, 191, 102], [225, 204, 92], [243, 219, 79], [255, 233, 69]];
   const COLORS = Array.from({ length: 8 }, (_, k) => cividis(k / 7));
   const TAINT_COLOR = "#D55E00", LEAK_COLOR = "#CC79A7", EMPTY = "#eef1f6", INK = "#1d2330";
+  const IDLE_COLOR = "#E69F00", GAP_COLOR = "#c9ced8", USAGE_POLL_MS = 30000;
   const SIZES = [24, 18, 14, 10, 8, 6, 5, 4, 3]; // candidate block sizes, largest first
   const LABEL_MIN = 14; // blocks at least this tall get node names beside them
   const HEADER = 18, GROUP_GAP = 8, BAND_GAP = 14, LABEL_WIDTH = 150;
@@ -27,6 +32,11 @@
   const live = document.getElementById("live");
   const card = document.getElementById("gpu-card");
   const summary = document.getElementById("heatmap-summary");
+  const modeSelect = document.getElementById("heatmap-mode");
+  const usageStatus = document.getElementById("usage-status");
+  const usageUrl = document.getElementById("heatmap-mode-bar").dataset.usageUrl;
+  let mode = location.hash === "#utilization" ? "utilization" : "allocation";
+  let usage = { rows: {} };
   const ctx = canvas.getContext("2d", { alpha: false });
   const stats = (window.heatmapStats = { snapshots: 0, deltas: 0, resyncs: 0, renderMs: 0, deltaMs: 0, cells: 0, firstRenderAt: 0 });
   let rows = new Map();
@@ -128,11 +138,36 @@
 
   // ----------------------------------------------------------------------------------------- drawing
 
-  function drawCell(x, y, cell) {
+  function usageOf(key, cell) {
+    const row = usage.rows[key];
+    return row ? row[String(cell[0])] : undefined;
+  }
+
+  function drawCell(x, y, cell, key) {
     const s = view.size;
     const flags = cell[2];
-    ctx.fillStyle = flags & TAINTED && s < 8 ? TAINT_COLOR : COLORS[Math.max(0, Math.min(7, cell[1]))];
+    const u = usageOf(key, cell);
+    if (flags & TAINTED && s < 8) ctx.fillStyle = TAINT_COLOR;
+    else if (mode === "utilization") ctx.fillStyle = u && u[0] !== null ? cividis(Math.min(100, u[0]) / 100) : GAP_COLOR;
+    else ctx.fillStyle = COLORS[Math.max(0, Math.min(7, cell[1]))];
     ctx.fillRect(x, y, s, s);
+    if (mode === "utilization" && !(u && u[0] !== null) && s >= 8) {
+      ctx.strokeStyle = "#ffffff"; // hatched: no sample is not 0 %
+      ctx.lineWidth = 1;
+      ctx.beginPath();
+      ctx.moveTo(x, y + s); ctx.lineTo(x + s, y);
+      ctx.moveTo(x, y + s / 2); ctx.lineTo(x + s / 2, y);
+      ctx.moveTo(x + s / 2, y + s); ctx.lineTo(x + s, y + s / 2);
+      ctx.stroke();
+    }
+    if (u && u[1]) {
+      ctx.fillStyle = IDLE_COLOR;
+      const t = Math.max(3, Math.round(s / 2));
+      ctx.beginPath();
+      ctx.moveTo(x + s - t, y); ctx.lineTo(x + s, y); ctx.lineTo(x + s, y + t);
+      ctx.closePath();
+      ctx.fill();
+    }
     if (flags & UNRESERVED) {
       ctx.strokeStyle = LEAK_COLOR;
       if (s >= 8) {
@@ -163,7 +198,7 @@
     ctx.fillRect(at.x, at.y, view.columns * step, view.size);
     ctx.fillStyle = EMPTY;
     for (let c = 0; c < view.columns; c++) ctx.fillRect(at.x + c * step, at.y, view.size, view.size);
-    for (const cell of row[4]) drawCell(at.x + cell[0] * step, at.y, cell);
+    for (const cell of row[4]) drawCell(at.x + cell[0] * step, at.y, cell, key);
     if (view.labels) {
       ctx.fillStyle = INK;
       ctx.font = "12px system-ui, sans-serif";
@@ -209,8 +244,19 @@
     }
     stats.cells = gpus;
     const pct = gpus ? Math.round((100 * used) / (7 * gpus)) : 0;
+    let idle = 0, measured = 0, active = 0;
+    for (const [key, row] of rows) {
+      for (const cell of row[4]) {
+        const u = usageOf(key, cell);
+        if (u && u[1]) idle += 1;
+        if (u && u[0] !== null) { measured += 1; active += u[0]; }
+      }
+    }
+    summary.dataset.idle = String(idle);
     summary.textContent = gpus + " GPUs on " + rows.size + " nodes · " + used + " of " + 7 * gpus +
-      " compute slices allocated (" + pct + "%) · " + tainted + " tainted";
+      " compute slices allocated (" + pct + "%) · " + tainted + " tainted · " + idle + " allocated but idle" +
+      (mode === "utilization" ? " · mean activity " + (measured ? Math.round(active / measured) : "–") + "% over " +
+        measured + " GPUs with samples" : "");
   }
 
   // A delta that keeps every row in its place repaints its rows only; otherwise lay out and draw again.
@@ -289,8 +335,11 @@
     tip.replaceChildren();
     const head = document.createElement("strong");
     head.textContent = row[1] + " · GPU " + cell[0];
+    const u = usageOf(point.key, cell);
     const lines = [row[2] + " · " + (cell[3] || "whole GPU"),
-      cell[1] + "/7 compute slices allocated · " + cell[4] + " claim(s)", stateText(cell), row[0] + " · pool " + row[3]];
+      cell[1] + "/7 compute slices allocated · " + cell[4] + " claim(s)", stateText(cell),
+      u && u[0] !== null ? "activity " + u[0] + "%" + (u[1] ? " · allocated but idle" : "") : "no utilization sample",
+      row[0] + " · pool " + row[3]];
     tip.append(head);
     for (const text of lines) {
       const div = document.createElement("div");
@@ -371,15 +420,57 @@
 
   function legend() {
     const scale = document.getElementById("heatmap-scale");
+    const utilization = mode === "utilization";
+    scale.replaceChildren();
+    document.getElementById("heatmap-scale-label").textContent = utilization
+      ? "Graphics-engine activity per physical GPU (DCGM):" : "Allocated compute slices per physical GPU:";
+    document.getElementById("legend-gap").hidden = !utilization;
     COLORS.forEach((color, k) => {
       const step = document.createElement("span");
       step.className = "step";
       step.style.background = color;
       step.style.color = k >= 5 ? INK : "#ffffff";
-      step.textContent = k + "/7";
+      step.textContent = utilization ? Math.round((100 * k) / 7) + "%" : k + "/7";
       scale.append(step);
     });
   }
+
+  function showUsageStatus() {
+    const when = (iso) => new Date(iso).toLocaleString([], { weekday: "short", hour: "2-digit", minute: "2-digit" });
+    if (usage.unavailable_since) {
+      usageStatus.textContent = "utilization unavailable since " + when(usage.unavailable_since);
+      plot.dataset.usage = "unavailable";
+    } else if (usage.sampled_at) {
+      usageStatus.textContent = "utilization sampled " + when(usage.sampled_at) + " · idle: below " +
+        usage.below_percent + "% for " + usage.idle_window_minutes + " min";
+      plot.dataset.usage = "loaded";
+    } else {
+      usageStatus.textContent = "no utilization sampled yet";
+      plot.dataset.usage = "empty";
+    }
+  }
+
+  function fetchUsage() {
+    fetch(usageUrl, { credentials: "same-origin" })
+      .then((response) => (response.ok ? response.json() : Promise.reject(response.status)))
+      .then((body) => {
+        usage = body;
+        showUsageStatus();
+        if (rows.size) draw();
+      })
+      .catch(() => { usageStatus.textContent = "utilization unavailable"; plot.dataset.usage = "error"; });
+  }
+
+  function setMode(next) {
+    mode = next;
+    modeSelect.value = next;
+    plot.dataset.mode = next;
+    history.replaceState(null, "", next === "utilization" ? "#utilization" : location.pathname + location.search);
+    legend();
+    if (rows.size) draw();
+  }
+
+  window.heatmapUsage = () => usage; // the utilization the page holds (tests, debugging)
 
   let resizeTimer = 0;
   window.addEventListener("resize", () => {
@@ -389,6 +480,9 @@
   canvas.addEventListener("mousemove", onMove);
   canvas.addEventListener("mouseleave", () => { tip.hidden = true; });
   canvas.addEventListener("click", onClick);
-  legend();
+  modeSelect.addEventListener("change", () => setMode(modeSelect.value));
+  setMode(mode);
+  fetchUsage();
+  window.setInterval(fetchUsage, USAGE_POLL_MS);
   connect();
 })();

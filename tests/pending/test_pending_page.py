@@ -156,6 +156,7 @@ def test_a_claim_stored_with_a_name_no_url_can_hold_does_not_break_the_page(sign
     # Names are refused at normalize now; a row stored before that (or by a broken source) must not take
     # the shared page down for every user.
     claim = ResourceClaim.objects.filter(state="pending").order_by("name").first()
+    assert claim is not None
     ResourceClaim.objects.filter(pk=claim.pk).update(name=name)
     response = signed_in.get(URL, {"group": "none"})
     assert response.status_code == 200

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import secrets
 import signal
 import threading
@@ -12,6 +13,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from claims import demo
+from fleet.simulator import dcgm
 from fleet.simulator.apiserver import SimulatorAPIServer
 
 
@@ -29,6 +31,17 @@ class Command(BaseCommand):
             "--kubeconfig",
             default=None,
             help="where to write the kubeconfig (default: <data dir>/simulator.kubeconfig)",
+        )
+        parser.add_argument(
+            "--dcgm-port",
+            type=int,
+            default=None,
+            help="also serve the dcgm-exporter stand-in on this port (0: free)",
+        )
+        parser.add_argument(
+            "--dcgm-target-file",
+            default=None,
+            help="write the stand-in's address as a Prometheus file_sd target group to this file",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -50,6 +63,19 @@ class Command(BaseCommand):
         churn.start()
         server.serve_in_thread()
         self.stdout.write(self.style.SUCCESS(f"simulated cluster at {server.url}; kubeconfig: {path}"))
+        exporter = None
+        if options["dcgm_port"] is not None:
+            exporter = dcgm.DcgmExporter(
+                lambda: dcgm.cluster_series(simulation.cluster, dcgm.now()), port=options["dcgm_port"]
+            )
+            exporter.start()
+            self.stdout.write(self.style.SUCCESS(f"dcgm-exporter stand-in at {exporter.url}"))
+            if options["dcgm_target_file"]:
+                target = Path(options["dcgm_target_file"])
+                group = [{"targets": [f"127.0.0.1:{exporter.port}"], "labels": {"run": "demo-stack"}}]
+                tmp = target.with_suffix(".tmp")
+                tmp.write_text(json.dumps(group))
+                tmp.rename(target)  # Prometheus never reads half a file
         self.stdout.flush()
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
         try:
@@ -59,3 +85,5 @@ class Command(BaseCommand):
         finally:
             stop.set()
             server.stop()
+            if exporter is not None:
+                exporter.stop()

@@ -1,0 +1,281 @@
+"""Benchmark: utilization sampling on the simulator's "L" fleet (5,000 nodes, 40,000 GPUs) through a real
+Prometheus scraping the dcgm-exporter stand-in.
+
+    DATABASE_URL=postgres://.../scratch REDIS_URL=redis://.../N SECRET_KEY=... SECURE_COOKIES=0 \\
+        .venv/bin/python bench/bench_usage.py [--reuse]
+
+Targets (issue 19): one sampling round (query + join + write) within 2 s of worker time and 300 MB; the
+heatmap's utilization data as fast as its allocation data (warm); the idle report over 7 days within 1 s.
+Prometheus's own query time is printed beside ours. The fleet plus synthetic claims (bench_heatmap: ~60% of
+whole GPUs held, one in ten claims idle here) goes into the "bench-usage" cluster of DATABASE_URL (a scratch
+database: replaced unless --reuse). A private Prometheus (the ``prometheus`` binary, 30 s scrapes) scrapes the
+stand-in; each round runs in a fresh process so its peak RSS is the round's own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "dashboard.settings")
+
+import django
+
+django.setup()
+
+import requests  # noqa: E402
+from django.contrib.auth import get_user_model  # noqa: E402
+from django.test import Client  # noqa: E402
+
+from fleet import ingest  # noqa: E402
+from fleet.importer import import_objects  # noqa: E402
+from fleet.models import Cluster  # noqa: E402
+from fleet.simulator import dcgm  # noqa: E402
+from fleet.simulator.cluster import SimulatedCluster  # noqa: E402
+from fleet.simulator.spec import build_fleet, preset  # noqa: E402
+
+CLUSTER = "bench-usage"
+AT = datetime(2026, 3, 9, 9, 0, tzinfo=UTC)
+
+
+def activity(namespace: str, claim: str, at: datetime) -> float:
+    """One claim in ten idles; the rest follow the stand-in's profile for their name."""
+    return 0.01 if int(claim.rsplit("-", 1)[1]) % 10 == 0 else dcgm.activity_of(namespace, claim, at)
+
+
+def fleet_objects() -> tuple[list[Any], list[Any]]:
+    from bench.bench_heatmap import synthetic_claims
+
+    fleet = build_fleet(preset("L"))
+    return fleet.slices, synthetic_claims(fleet)
+
+
+def load_fleet(reuse: bool, slices: list[Any], claims: list[Any]) -> None:
+    if reuse and Cluster.objects.filter(name=CLUSTER).exists():
+        return
+    ingest.drop_cluster(CLUSTER)
+    t0 = time.perf_counter()
+    fleet = build_fleet(preset("L"))
+    simulated = SimulatedCluster(history_limit=10)
+    simulated.bulk_create(fleet.objects())
+    grouped = {kind: simulated.list(kind)[0] for kind in ("DeviceClass", "Node", "ResourceSlice")}
+    grouped["ResourceClaim"] = claims
+    report = import_objects(ingest.get_or_create_cluster(CLUSTER, "bench_usage: the L preset"), grouped)
+    print(f"ingested the L fleet in {time.perf_counter() - t0:.0f} s")
+    assert not report.errors, report.errors[:3]
+
+
+def private_prometheus(folder: Path, target_port: int, port: int) -> subprocess.Popen[bytes]:
+    binary = shutil.which("prometheus")
+    assert binary, "the prometheus binary is missing: scripts/services.sh start installs it"
+    config = {
+        "global": {"scrape_interval": "30s", "scrape_timeout": "25s"},
+        "scrape_configs": [
+            {"job_name": "dcgm", "static_configs": [{"targets": [f"127.0.0.1:{target_port}"]}]}
+        ],
+    }
+    (folder / "prometheus.yml").write_text(json.dumps(config))  # JSON is YAML
+    return subprocess.Popen(
+        [
+            binary,
+            f"--config.file={folder / 'prometheus.yml'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            f"--storage.tsdb.path={folder / 'data'}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=(folder / "prometheus.log").open("wb"),
+    )
+
+
+class _Frozen:
+    def __init__(self, server: Any) -> None:
+        self.server = server
+        self.port = server.server_port
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def frozen_exporter(body: bytes) -> _Frozen:
+    """Serve one pre-rendered exposition page at /metrics in a thread."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return _Frozen(server)
+
+
+def wait_for_series(url: str, entities: int) -> None:
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        try:
+            r = requests.get(
+                f"{url}/api/v1/query", params={"query": f"count({dcgm.ENGINE_ACTIVE})"}, timeout=30
+            )
+            result = r.json()["data"]["result"]
+            if result and int(float(result[0]["value"][1])) >= entities:
+                return
+        except (requests.RequestException, KeyError, ValueError):
+            pass
+        time.sleep(1)
+    raise SystemExit(f"Prometheus at {url} did not get the stand-in's {entities} entities in 5 minutes")
+
+
+def _high_water_mb() -> float:
+    """This process's peak RSS (VmHWM): getrusage's maxrss would carry the parent's over fork + exec."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def one_round(url: str) -> None:
+    """--round: one sampling round in this (fresh) process; prints seconds and peak RSS."""
+    from django.conf import settings
+
+    from usage.config import PrometheusConfig
+    from usage.prometheus import PrometheusSource
+    from usage.sampler import sample_cluster
+    from usage.tasks import thresholds
+
+    settings.CLAIMSCOPE_IDLE_WINDOW_MINUTES = 1
+    cluster = Cluster.objects.get(name=CLUSTER)
+    before = _high_water_mb()
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    report = sample_cluster(
+        cluster, PrometheusSource(PrometheusConfig(CLUSTER, url), timeout=60), datetime.now(UTC), thresholds()
+    )
+    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    peak = _high_water_mb()
+    figures = {
+        "ok": report.ok,
+        "error": report.error,
+        "series": report.series,
+        "matched": report.matched,
+        "unmatched": report.unmatched,
+        "query_s": report.query_seconds,
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "peak_mb": peak,
+        "before_mb": before,
+    }
+    print(json.dumps(figures))
+
+
+def best_of(n: int, fn: Any) -> float:
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1000)
+    return min(times)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--reuse", action="store_true", help="keep an already ingested bench-usage cluster")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--round", metavar="PROMETHEUS_URL", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.round:
+        one_round(args.round)
+        return 0
+    slices, claims = fleet_objects()
+    load_fleet(args.reuse, slices, claims)
+    t0 = time.perf_counter()
+    series = dcgm.series(slices, claims, [], AT, activity)
+    entities = sum(1 for s in series if s.metric == dcgm.ENGINE_ACTIVE)
+    took = time.perf_counter() - t0
+    print(f"stand-in: {len(series):,} series, {entities:,} GPU/MIG entities (computed in {took:.1f} s)")
+    renderer = dcgm.DcgmExporter(lambda: series)
+    renderer.start()
+    t0 = time.perf_counter()
+    body = requests.get(renderer.url, timeout=120).content
+    print(f"stand-in scrape: {len(body) / 1e6:.1f} MB rendered in {time.perf_counter() - t0:.1f} s")
+    renderer.stop()
+    # The values do not change here: serve the rendered page, so Prometheus's scrapes stay far inside
+    # their timeout on a loaded machine (what is measured is the round, not the stand-in).
+    exporter = frozen_exporter(body)
+    with tempfile.TemporaryDirectory(prefix="bench-usage-prom-") as tmp:
+        from tests.usage.prom import free_port
+
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        prom = private_prometheus(Path(tmp), exporter.port, port)
+        try:
+            wait_for_series(url, entities)
+            query = (
+                '{__name__=~"'
+                + "|".join([dcgm.ENGINE_ACTIVE, dcgm.GPU_UTIL, dcgm.FB_USED, dcgm.FB_FREE, dcgm.POWER])
+                + '"}'
+            )
+            stats = requests.get(
+                f"{url}/api/v1/query", params={"query": query, "stats": "all"}, timeout=60
+            ).json()
+            timings = stats["data"].get("stats", {}).get("timings", {})
+            evaluation = timings.get("evalTotalTime", 0) * 1000
+            print(f"Prometheus's own evaluation of the round's query: {evaluation:.0f} ms")
+            for n in range(args.rounds):
+                done = subprocess.run(
+                    [sys.executable, __file__, "--round", url], capture_output=True, text=True, check=True
+                )
+                r = json.loads(done.stdout.strip().splitlines()[-1])
+                assert r["ok"], r["error"]
+                print(
+                    f"round {n + 1}: {r['wall_s']:.2f} s wall, {r['cpu_s']:.2f} s CPU; of which the query "
+                    f"(HTTP: Prometheus + transfer) {r['query_s']:.2f} s; peak RSS {r['peak_mb']:.0f} MB "
+                    f"(after start-up {r['before_mb']:.0f} MB); {r['series']:,} series, {r['matched']:,} "
+                    f"matched, {r['unmatched']} unmatched"
+                )
+        finally:
+            prom.terminate()
+            prom.wait(30)
+            exporter.stop()
+    from django.conf import settings
+
+    settings.ALLOWED_HOSTS = [*settings.ALLOWED_HOSTS, "testserver"]
+    user, _ = get_user_model().objects.get_or_create(username="bench-usage", defaults={"is_superuser": True})
+    client = Client()
+    client.force_login(user)
+    for url in ("/usage/gpus.json", "/fleet/heatmap.json"):
+        response = client.get(url)
+        assert response.status_code == 200, (url, response.status_code)
+        print(f"{url}: {len(response.content) / 1e6:.1f} MB")
+    usage_ms = best_of(5, lambda: client.get("/usage/gpus.json"))
+    alloc_ms = best_of(5, lambda: client.get("/fleet/heatmap.json"))
+    print(f"heatmap data, warm: utilization (/usage/gpus.json) {usage_ms:.0f} ms")
+    print(f"heatmap data, warm: allocation (/fleet/heatmap.json) {alloc_ms:.0f} ms")
+    from usage.report import idle_report
+
+    idle_ms = best_of(5, lambda: idle_report(since="7d"))
+    report = idle_report(since="7d")
+    print(f"idle report over 7 days: {idle_ms:.0f} ms ({len(report['claims']):,} idle claims listed)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

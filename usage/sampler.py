@@ -1,0 +1,92 @@
+"""One sampling round of one cluster: read the DCGM samples, join them to the devices, store the round."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from datetime import datetime
+
+from fleet import selectors
+from fleet.models import Cluster
+from usage import ingest
+from usage.join import DeviceInfo, DeviceRef, join
+from usage.prometheus import PrometheusUnavailable, SeriesSource
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RoundReport:
+    """What a round did, for the task's log and the tests."""
+
+    ok: bool
+    series: int = 0
+    matched: int = 0
+    unmatched: int = 0
+    error: str = ""
+    query_seconds: float = 0.0
+    round_seconds: float = 0.0
+
+
+def device_infos(cluster_id: int) -> list[DeviceInfo]:
+    """The cluster's GPU and MIG devices of each pool's newest generation, as the join needs them."""
+    rows, _ = selectors.heatmap_devices([cluster_id], counters=False, extra=("uuid",))
+    return [
+        DeviceInfo(
+            ref=(r["driver"], r["pool"], r["name"]),
+            kind=r["kind"],
+            uuid=r["uuid"] or "",
+            gpu_uuid=r["gpu_uuid"] or "",
+            profile=r["mig_profile"] or "",
+            model=r["model"] or "",
+            node=r["node_name"] or "",
+            gpu_fraction=(r["compute_slices"] or 7) / 7 if r["kind"] == "mig" else 1.0,
+            minor=r["gpu_minor"],
+        )
+        for r in rows
+    ]
+
+
+def holdings(cluster_id: int) -> dict[DeviceRef, list[tuple[str, str]]]:
+    """Who holds each device: (namespace, claim) per device, by the fleet's allocation rule."""
+    return {
+        (driver, pool, device): [(h.namespace, h.name) for h in holders]
+        for (_, driver, pool, device), holders in selectors.allocation_holders([cluster_id]).items()
+    }
+
+
+def sample_cluster(
+    cluster: Cluster, source: SeriesSource, at: datetime, limits: ingest.Thresholds
+) -> RoundReport:
+    """Run one round. A source that cannot answer is recorded (``unavailable_since``) and nothing else
+    changes; the round never raises for it."""
+    started = time.monotonic()
+    try:
+        samples, query_seconds = source.samples()
+    except PrometheusUnavailable as exc:
+        log.warning("utilization of cluster %s unavailable: %s", cluster.name, exc)
+        ingest.record_failure(cluster, at, str(exc))
+        return RoundReport(ok=False, error=str(exc))
+    devices = device_infos(cluster.pk)
+    held = holdings(cluster.pk)
+    result = join(samples, devices, held)
+    elapsed = time.monotonic() - started
+    ingest.record_round(cluster, at, result, devices, held, limits, query_seconds, elapsed)
+    unmatched = sum(result.unmatched.values())
+    if unmatched:
+        log.info(
+            "cluster %s: %d DCGM entities matched no device: %s",
+            cluster.name,
+            unmatched,
+            dict(result.unmatched),
+        )
+    return RoundReport(
+        True,
+        result.series,
+        len(result.measured),
+        unmatched,
+        "",
+        query_seconds,
+        time.monotonic() - started,
+    )
