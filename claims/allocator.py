@@ -40,6 +40,7 @@ __all__ = [
     "SelectorStats",
     "allocate",
     "node_matches",
+    "policy_amount",
     "schedule_pod",
 ]
 
@@ -135,6 +136,8 @@ class FleetSnapshot:
 
 
 def _typed(value: object) -> tuple[str, object]:
+    if isinstance(value, list):  # a list-valued attribute: hashable for the cache key
+        return ("list", tuple(_typed(v) for v in value))
     return (type(value).__name__, value)
 
 
@@ -728,7 +731,7 @@ class _Allocator:
         consumed: dict[str, Fraction] = {}
         for name, cap in capacity.items():
             total = _qty((cap or {}).get("value", "0"))
-            amount = _policy_amount(request.capacity_requests.get(name), cap or {}, total)
+            amount = policy_amount(request.capacity_requests.get(name), cap or {}, total)
             if amount is None:
                 return None
             used = Fraction(0) if static else self.capacity_use.get((c.key, name), Fraction(0))
@@ -938,8 +941,9 @@ def _format_quantity(value: Fraction) -> str:
     return f"{milli.numerator}m" if milli.denominator == 1 else f"{float(value)}"
 
 
-def _policy_amount(requested: Fraction | None, cap: Obj, total: Fraction) -> Fraction | None:
-    """Consumed amount for one capacity key (``calculateConsumedCapacity``)."""
+def policy_amount(requested: Fraction | None, cap: Obj, total: Fraction) -> Fraction | None:
+    """Consumed amount for one capacity key (``calculateConsumedCapacity``); None when the device's
+    requestPolicy cannot grant ``requested``."""
     policy = cap.get("requestPolicy")
     if requested is None:
         if policy and policy.get("default") is not None:
