@@ -32,7 +32,7 @@ from claims.cel import (
 )
 from claims.fleetstate import DeviceInfo, DeviceKey, FleetState, claim_results, klog
 from claims.lint import Finding, lint_object, published_names
-from fleet.normalize import mig_compute_slices
+from fleet.normalize import claim_as_v1, mig_compute_slices, unsupported_api_version
 from fleet.quantity import QuantityError, parse_quantity
 
 Obj = dict[str, Any]
@@ -49,6 +49,7 @@ CATEGORIES = (
     "cel-error",
     "too-many",
     "not-created",
+    "unsupported",
 )
 NO_SUCH_KEY_HINT = (
     ". consider using CEL optional chaining (.? followed by orValue()) or guarding the check with has() "
@@ -920,6 +921,15 @@ def diagnose(state: FleetState, obj: Obj, pods_in: Callable[[str], bool] | None 
     diagnosed as no pod used it, like a template. What-if passes the user's visibility here."""
     if obj.get("kind") == "Pod":
         return _diagnose_pod(state, obj)
+    unsupported = unsupported_api_version(obj)
+    if unsupported:
+        return Diagnosis(
+            "unsupported",
+            f"{obj.get('kind', 'Object')} {klog(obj)}: {unsupported}.",
+            claim=klog(obj),
+            suggestions=["Write the claim for resource.k8s.io/v1 (or v1beta2/v1beta1)."],
+        )
+    obj = claim_as_v1(obj)
     claim = _claim_from(obj)
     pods: list[Obj] = []
     if obj.get("kind") == "ResourceClaim":

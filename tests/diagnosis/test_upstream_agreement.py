@@ -147,3 +147,48 @@ def test_all_mode_over_32_devices_on_a_later_node_aborts_even_if_the_first_node_
     result = diagnose(fleet, claim([gpu(allocation_mode="All")]))
     assert result.category == "too-many", result.summary
     assert "request gpu: adding 40 devices exceeds the claim limit of 32" in result.scheduler_message
+
+
+def _v1beta1(kind: str) -> Obj:
+    spec = {
+        "devices": {
+            "requests": [
+                {"name": "gpu", "deviceClassName": "gpu.nvidia.com", "count": 2},
+                {
+                    "name": "alt",
+                    "firstAvailable": [{"name": "one", "deviceClassName": "gpu.nvidia.com", "count": 1}],
+                },
+            ]
+        }
+    }
+    body: Obj = {"spec": spec} if kind == "ResourceClaimTemplate" else spec
+    return {
+        "apiVersion": "resource.k8s.io/v1beta1",
+        "kind": kind,
+        "metadata": {"namespace": "team", "name": "old"},
+        "spec": body,
+    }
+
+
+def test_v1beta1_claims_and_templates_are_read_with_their_request_level_fields() -> None:
+    fleet = state(node("a", "H100", gpus=3))
+    for kind in ("ResourceClaim", "ResourceClaimTemplate"):
+        result = diagnose(fleet, _v1beta1(kind))
+        assert result.category == "fits", (kind, result.summary)
+        assert result.placement is not None
+        assert [d["request"] for d in result.placement["devices"]] == ["gpu", "gpu", "alt/one"]
+    too_big = _v1beta1("ResourceClaim")
+    too_big["spec"]["devices"]["requests"][0]["count"] = 3
+    assert diagnose(fleet, too_big).category == "capacity"
+
+
+def test_a_classic_dra_v1alpha2_claim_is_refused_naming_the_api_version() -> None:
+    obj = {
+        "apiVersion": "resource.k8s.io/v1alpha2",
+        "kind": "ResourceClaim",
+        "metadata": {"namespace": "team", "name": "classic"},
+        "spec": {"resourceClassName": "gpu.nvidia.com"},
+    }
+    result = diagnose(state(node("a", "H100", gpus=1)), obj)
+    assert result.category == "unsupported"
+    assert "resource.k8s.io/v1alpha2 is classic DRA" in result.summary
