@@ -9,6 +9,7 @@ import copy
 from typing import Any
 
 from claims.diagnosis import diagnose
+from claims.fleetstate import FleetState
 from fleet.simulator import nvidia
 from tests.diagnosis.fleet import GPU, claim, held, node, state
 
@@ -56,6 +57,7 @@ def test_list_valued_attributes_do_not_break_selectors_on_that_device() -> None:
 
 def test_a_class_selector_that_does_not_compile_is_a_cel_error_not_a_crash() -> None:
     fleet = state(node("a", "H100", gpus=1))
+    fleet.objects["DeviceClass"] = copy.deepcopy(fleet.objects["DeviceClass"])
     for device_class in fleet.objects["DeviceClass"]:
         if device_class["metadata"]["name"] == "gpu.nvidia.com":
             device_class["spec"]["selectors"] = [
@@ -192,3 +194,39 @@ def test_a_classic_dra_v1alpha2_claim_is_refused_naming_the_api_version() -> Non
     result = diagnose(state(node("a", "H100", gpus=1)), obj)
     assert result.category == "unsupported"
     assert "resource.k8s.io/v1alpha2 is classic DRA" in result.summary
+
+
+def _extended_fleet(*parts: list[Obj] | Obj) -> Any:
+    classes = copy.deepcopy(nvidia.device_classes())
+    for device_class in classes:
+        if device_class["metadata"]["name"] == "gpu.nvidia.com":
+            device_class["spec"]["extendedResourceName"] = "nvidia.com/gpu"
+    return FleetState.from_objects(
+        [*classes, *(o for p in parts for o in (p if isinstance(p, list) else [p]))]
+    )
+
+
+def _gpu_pod(limit: int, resource: str = "nvidia.com/gpu") -> Obj:
+    pod = nvidia.pod_object("team", "legacy", [])
+    pod["spec"].pop("resourceClaims", None)
+    pod["spec"]["containers"][0]["resources"] = {"limits": {resource: str(limit), "cpu": "1"}}
+    return pod
+
+
+def test_a_pod_asking_for_a_dra_extended_resource_gets_the_schedulers_claim() -> None:
+    fits = diagnose(_extended_fleet(node("a", "H100", gpus=2)), _gpu_pod(2))
+    assert fits.category == "fits", fits.summary
+    assert fits.placement is not None
+    assert [d["request"] for d in fits.placement["devices"]] == ["container-0-request-1"] * 2
+    busy = _extended_fleet(
+        node("a", "H100", gpus=2), held("x", "a", ["gpu-0", "gpu-1"], "2026-03-06T10:00:00Z")
+    )
+    result = diagnose(busy, _gpu_pod(1))
+    assert result.category == "capacity", result.summary
+    assert "held by team/x" in result.summary
+
+
+def test_an_extended_resource_without_a_device_class_is_not_dra() -> None:
+    result = diagnose(state(node("a", "H100", gpus=1)), _gpu_pod(1, "example.com/fpga"))
+    assert result.category == "fits"
+    assert result.summary.startswith("All claims of pod team/legacy")
