@@ -163,6 +163,41 @@ def make_case(rng: random.Random, index: int) -> Case:
     return Case(index, nodes, slices, held, requests, constraints)
 
 
+def _specs(case: Case) -> list[Obj]:
+    out: list[Obj] = []
+    for req in case.requests:
+        out += req.get("firstAvailable") or [req.get("exactly") or {}]
+    return out
+
+
+def case_features(case: Case) -> set[str]:
+    """What a case exercises, for the per-feature agreement figures."""
+    specs = _specs(case)
+    devices = [d for s in case.slices for d in s["spec"].get("devices") or []]
+    found = {"all"}
+    checks = {
+        "first-available": any(r.get("firstAvailable") for r in case.requests),
+        "all-mode": any(s.get("allocationMode") == "All" for s in specs),
+        "capacity-request": any(s.get("capacity") for s in specs),
+        "admin-access": any(s.get("adminAccess") for s in specs),
+        "selector-error": any(ERROR_SELECTOR in str(s.get("selectors")) for s in specs),
+        "constraint": bool(case.constraints),
+        "held": bool(case.held),
+        "two-nodes": len(case.nodes) > 1,
+        "taint": any(d.get("taints") for d in devices),
+        "tolerated": any(s.get("tolerations") for s in specs),
+        "mig": any("profile" in (d.get("attributes") or {}) for d in devices),
+        "partitionable": any(d.get("consumesCounters") for d in devices),
+        "incomplete-pool": any(
+            sum(1 for t in case.slices if t["spec"]["pool"]["name"] == s["spec"]["pool"]["name"])
+            != s["spec"]["pool"]["resourceSliceCount"]
+            for s in case.slices
+        ),
+        "two-requests": len(case.requests) > 1,
+    }
+    return found | {name for name, on in checks.items() if on}
+
+
 # ------------------------------------------------------------------------------------------ validator
 
 

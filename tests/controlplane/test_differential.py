@@ -1,33 +1,70 @@
 """Differential test: claimscope's diagnosis engine against the real kube-scheduler (v1.37.2).
 
-300 seeded random cases (models, static MIG layouts, dynamic MIG counters, taints and tolerations, devices
-already held by another claim, incomplete pools, firstAvailable, matchAttribute/distinctAttribute, count and
-All, capacity requests, selectors that abort scheduling). Each case lives on its own nodes (the pod's
-nodeSelector), so all cases are scheduled in one batch on one control plane. For every case the engine's
-verdict (fits / unschedulable / SchedulerError) must equal the scheduler's; the engine's placement and the
-scheduler's allocation must both pass an independent validator, and on single-node cases they must be the
-same devices. Disagreements that could not be fixed are recorded in FINDINGS.md.
+1,000 random cases per run (``CLAIMSCOPE_DIFF_CASES``) from a new seed every run (printed; set
+``CLAIMSCOPE_DIFF_SEED`` to reproduce one): models, static MIG layouts, dynamic MIG counters, taints and
+tolerations, devices already held by another claim, incomplete pools, firstAvailable,
+matchAttribute/distinctAttribute, count and All, capacity requests, selectors that abort scheduling. Each
+case lives on its own nodes (the pod's nodeSelector), so all cases are scheduled in one batch on one control
+plane. For every case the engine's verdict (fits / unschedulable / SchedulerError) must equal the
+scheduler's; the engine's placement and the scheduler's allocation must both pass an independent validator,
+and on single-node cases they must be the same devices. Disagreements that could not be fixed are recorded
+in FINDINGS.md.
+
+A disagreement prints the case as YAML and adds ``SEED INDEX`` to ``regression_cases.txt``; every case
+listed there is scheduled again on every run (commit the file with the fix).
 """
 
 from __future__ import annotations
 
+import os
 import random
+import secrets
+import time
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from claims.diagnosis import diagnose
 from claims.fleetstate import FleetState
 from fleet.simulator import nvidia
-from tests.controlplane.diffgen import CASE_LABEL, Case, make_case, validate_allocation
+from tests.controlplane.diffgen import CASE_LABEL, Case, case_features, make_case, validate_allocation
 from tests.controlplane.kube import ApiError, Kube, Obj, wait_for
 from tests.controlplane.nodes import for_create, register_node
 from tests.controlplane.publisher import FleetPublisher
 
 pytestmark = pytest.mark.controlplane
 
-SEED = 20261202
-CASES = 300
+CASES = int(os.environ.get("CLAIMSCOPE_DIFF_CASES") or 1000)
+REGRESSIONS = Path(__file__).with_name("regression_cases.txt")
+
+
+def _seed() -> int:
+    given = os.environ.get("CLAIMSCOPE_DIFF_SEED")
+    return int(given) if given else secrets.randbelow(2**31)
+
+
+def generate(seed: int, count: int) -> list[Case]:
+    rng = random.Random(seed)
+    return [make_case(rng, i) for i in range(count)]
+
+
+def regression_cases() -> list[tuple[int, int, Case]]:
+    """(seed, index, case) of every ``SEED INDEX`` line of regression_cases.txt, renumbered so that cases of
+    several seeds can share one batch (names do not change what the generator draws)."""
+    wanted: list[tuple[int, int]] = []
+    for line in REGRESSIONS.read_text().splitlines():
+        fields = line.split("#", 1)[0].split()
+        if fields:
+            wanted.append((int(fields[0]), int(fields[1])))
+    out = []
+    for number, (seed, index) in enumerate(wanted):
+        rng = random.Random(seed)
+        for i in range(index):
+            make_case(rng, i)
+        out.append((seed, index, make_case(rng, 100_000 + number)))
+    return out
 
 
 def _publish(kube: Kube, publisher: FleetPublisher, case: Case) -> None:
@@ -95,9 +132,17 @@ def _scheduler_allocation(kube: Kube, ns: str, pod: Obj) -> Obj:
     return allocation
 
 
-def test_engine_verdicts_agree_with_the_real_scheduler(kube: Kube, namespace: str) -> None:
-    rng = random.Random(SEED)
-    cases = [make_case(rng, i) for i in range(CASES)]
+def _case_yaml(case: Case, ns: str, template: Obj) -> str:
+    objs: list[Obj] = [*case.nodes, *case.slices]
+    if case.held:
+        objs.append(_held_claim(ns, case))
+    objs.append(template)
+    return yaml.safe_dump_all(objs, sort_keys=False)
+
+
+def _run_batch(kube: Kube, namespace: str, cases: list[Case]) -> tuple[list[str], dict[str, int], Obj]:
+    """Schedule ``cases`` in one batch and compare. Returns (disagreements, scheduler verdicts,
+    per-feature agreement {feature: [cases, agreeing]})."""
     publisher = FleetPublisher(kube)
     publisher.device_classes()
     classes = nvidia.device_classes()
@@ -123,61 +168,114 @@ def test_engine_verdicts_agree_with_the_real_scheduler(kube: Kube, namespace: st
         return None if undecided or len(pods) < len(templates) else pods
 
     pods = wait_for(
-        f"the scheduler's verdict on {len(templates)} pods", all_decided, timeout=240, interval=1.0
+        f"the scheduler's verdict on {len(templates)} pods",
+        all_decided,
+        timeout=120 + len(templates),
+        interval=2.0,
     )
 
     disagreements: list[str] = []
-    same_node_mismatch: list[str] = []
     verdicts: dict[str, int] = {}
+    by_feature: dict[str, list[int]] = {}
     for case in cases:
-        if case.index in rejected:
-            template = nvidia.claim_template(namespace, case.name, case.requests, case.constraints)
-            outcome, _ = _engine(case, namespace, template, classes)
-            if outcome != "error":
-                disagreements.append(f"{case.name}: apiserver rejected the template, engine says {outcome}")
-            continue
-        pod = pods[case.name]
-        seen = _verdict(pod)
-        assert seen is not None
-        outcome, result = _engine(case, namespace, templates[case.index], classes)
-        verdicts[seen[0]] = verdicts.get(seen[0], 0) + 1
-        if outcome != seen[0]:
+        template = templates.get(case.index) or nvidia.claim_template(
+            namespace, case.name, case.requests, case.constraints
+        )
+        problem = _compare(kube, namespace, case, template, pods.get(case.name), rejected, classes, verdicts)
+        for feature in case_features(case):
+            tally = by_feature.setdefault(feature, [0, 0])
+            tally[0] += 1
+            tally[1] += problem is None
+        if problem is not None:
             disagreements.append(
-                f"{case.name}: engine {outcome} ({result.category}: {result.summary}); "
-                f"scheduler {seen[0]} {seen[1]}"
+                f"{problem}\n--- {case.name} as YAML:\n{_case_yaml(case, namespace, template)}"
             )
-            continue
-        if outcome == "fits":
-            held = case.held
-            engine_problems = validate_allocation(
-                result.placement["allocation"], case.requests, case.constraints, case.slices, classes, held
+    return disagreements, verdicts, by_feature
+
+
+def _compare(
+    kube: Kube,
+    namespace: str,
+    case: Case,
+    template: Obj,
+    pod: Obj | None,
+    rejected: dict[int, str],
+    classes: list[Obj],
+    verdicts: dict[str, int],
+) -> str | None:
+    """The disagreement of one case, or None."""
+    if case.index in rejected:
+        outcome, _ = _engine(case, namespace, template, classes)
+        verdicts["rejected"] = verdicts.get("rejected", 0) + 1
+        if outcome != "error":
+            return (
+                f"{case.name}: apiserver rejected the template ({rejected[case.index]}), "
+                f"engine says {outcome}"
             )
-            real_problems = validate_allocation(
-                _scheduler_allocation(kube, namespace, pod),
-                case.requests,
-                case.constraints,
-                case.slices,
-                classes,
-                held,
-            )
-            picked = sorted((r["request"], r["pool"], r["device"]) for r in result.placement["devices"])
-            real = _scheduler_allocation(kube, namespace, pod)
-            chosen = sorted((r["request"], r["pool"], r["device"]) for r in real["devices"]["results"])
-            if len(case.nodes) == 1 and picked != chosen:
-                # One node: no scoring between nodes, so first-fit must pick exactly the same devices.
-                same_node_mismatch.append(f"{case.name}: engine {picked}, scheduler {chosen}")
-            if engine_problems or real_problems:
-                disagreements.append(
-                    f"{case.name}: invalid allocation: engine {engine_problems}, real {real_problems}"
-                )
-    print(
-        f"differential: {len(cases)} cases, scheduler verdicts {verdicts}, templates rejected {len(rejected)}"
+        return None
+    assert pod is not None
+    seen = _verdict(pod)
+    assert seen is not None
+    outcome, result = _engine(case, namespace, template, classes)
+    verdicts[seen[0]] = verdicts.get(seen[0], 0) + 1
+    if outcome != seen[0]:
+        return (
+            f"{case.name}: engine {outcome} ({result.category}: {result.summary}); "
+            f"scheduler {seen[0]} {seen[1]}"
+        )
+    if outcome != "fits":
+        return None
+    real = _scheduler_allocation(kube, namespace, pod)
+    engine_problems = validate_allocation(
+        result.placement["allocation"], case.requests, case.constraints, case.slices, classes, case.held
     )
-    assert not disagreements, "\n".join(disagreements)
-    assert not same_node_mismatch, "\n".join(same_node_mismatch)
+    real_problems = validate_allocation(
+        real, case.requests, case.constraints, case.slices, classes, case.held
+    )
+    if engine_problems or real_problems:
+        return f"{case.name}: invalid allocation: engine {engine_problems}, real {real_problems}"
+    picked = sorted((r["request"], r["pool"], r["device"]) for r in result.placement["devices"])
+    chosen = sorted((r["request"], r["pool"], r["device"]) for r in real["devices"]["results"])
+    if len(case.nodes) == 1 and picked != chosen:
+        # One node: no scoring between nodes, so first-fit must pick exactly the same devices.
+        return f"{case.name}: same node, other devices: engine {picked}, scheduler {chosen}"
+    return None
+
+
+def _report(label: str, seconds: float, verdicts: dict[str, int], by_feature: Obj) -> None:
+    figures = ", ".join(f"{f} {ok}/{n}" for f, (n, ok) in sorted(by_feature.items()))
+    print(
+        f"differential {label}: {seconds:.0f} s, scheduler verdicts {verdicts}; "
+        f"agreement per feature: {figures}"
+    )
+
+
+def test_engine_verdicts_agree_with_the_real_scheduler(kube: Kube, namespace: str) -> None:
+    seed = _seed()
+    print(f"differential seed {seed} ({CASES} cases); reproduce with CLAIMSCOPE_DIFF_SEED={seed}")
+    started = time.monotonic()
+    cases = generate(seed, CASES)
+    disagreements, verdicts, by_feature = _run_batch(kube, namespace, cases)
+    _report(f"seed {seed}", time.monotonic() - started, verdicts, by_feature)
+    if disagreements:
+        failing = [int(d.split(":", 1)[0].removeprefix("case-")) for d in disagreements]
+        with REGRESSIONS.open("a") as out:
+            out.writelines(f"{seed} {index}  # found {time.strftime('%Y-%m-%d')}\n" for index in failing)
+        print(f"added {len(failing)} case(s) of seed {seed} to {REGRESSIONS.name}")
+    assert not disagreements, f"seed {seed}:\n" + "\n".join(disagreements)
     # The generator must exercise every verdict, or the agreement means little.
     assert (
-        verdicts.get("fits", 0) >= 30
-        and verdicts.get("unschedulable", 0) >= 30
+        verdicts.get("fits", 0) >= CASES // 10
+        and verdicts.get("unschedulable", 0) >= CASES // 10
         and verdicts.get("error", 0) >= 2
     ), verdicts
+
+
+def test_every_regression_case_still_agrees(kube: Kube, namespace: str) -> None:
+    listed = regression_cases()
+    assert listed, f"{REGRESSIONS.name} lists no case"
+    started = time.monotonic()
+    disagreements, verdicts, by_feature = _run_batch(kube, namespace, [case for _, _, case in listed])
+    _report("regressions", time.monotonic() - started, verdicts, by_feature)
+    names = {case.name: f"seed {seed} case {index}" for seed, index, case in listed}
+    assert not disagreements, "\n".join(f"{names[d.split(':', 1)[0]]}: {d}" for d in disagreements)
