@@ -1226,7 +1226,10 @@ def _diagnose_claim(
         base.suggestions = ["Fix the driver's ResourceSlices (each device name once per pool)."]
         return base
     return _unschedulable(
-        base, analyses, list(((claim.get("spec") or {}).get("devices") or {}).get("constraints") or [])
+        base,
+        analyses,
+        list(((claim.get("spec") or {}).get("devices") or {}).get("constraints") or []),
+        len(others or []),
     )
 
 
@@ -1336,7 +1339,10 @@ def _fmt_groups(groups: Iterable[_Group]) -> str:
     return ", ".join(f"{g.total} {_group_label(g)}" for g in groups)
 
 
-def _unschedulable(base: Diagnosis, analyses: list[list[_Analysis]], constraints: list[Obj]) -> Diagnosis:
+def _unschedulable(
+    base: Diagnosis, analyses: list[list[_Analysis]], constraints: list[Obj], others: int = 0
+) -> Diagnosis:
+    """``others``: how many more claims of the pod must fit on the same node."""
     # The first spec request none of whose alternatives has enough free devices explains the claim.
     blocking = next(
         (alts for alts in analyses if all(a.count(FREE) < a.needed for a in alts)),
@@ -1349,6 +1355,15 @@ def _unschedulable(base: Diagnosis, analyses: list[list[_Analysis]], constraints
         )
         if whole is not None:
             return _all_mode_blocked(base, whole)
+        if others:
+            base.category = "capacity"
+            base.summary = (
+                f"{base.claim} could get its devices ({a.count(FREE)} free match request {a.req.name}), but "
+                f"not together with the pod's {others} other claim(s) on one node: they compete for the "
+                "same devices or GPUs."
+            )
+            base.suggestions = ["Free devices on one node, or ask for fewer devices across the pod's claims."]
+            return base
         if constraints:
             base.category = "constraint"
             base.summary = _constraint_summary(base, analyses, constraints)

@@ -8,6 +8,7 @@ batch can be scheduled at once.
 
 from __future__ import annotations
 
+import copy
 import random
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -55,6 +56,12 @@ class Case:
     held: list[Obj]  # results of the pre-allocated claim ({request, driver, pool, device})
     requests: list[Obj]
     constraints: list[Obj] = field(default_factory=list)
+    # resource.k8s.io version the template is created with (v1beta1 moves request fields up a level)
+    api_version: str = "v1"
+    # further claims of the pod (each one template of one request)
+    extra_requests: list[Obj] = field(default_factory=list)
+    # DRA extended resource: the pod asks for nvidia.com/gpu in its limits instead of a claim
+    extended: int = 0
 
     @property
     def name(self) -> str:
@@ -127,7 +134,12 @@ def _hold(rng: random.Random, slices: list[Obj]) -> list[Obj]:
     return held
 
 
-def make_case(rng: random.Random, index: int) -> Case:
+def make_case(rng: random.Random, index: int, seed: int | None = None, number: int | None = None) -> Case:
+    """Case ``index``; with ``seed`` the features added after the first version of the generator are
+    drawn from their own stream (seed, index), so the main stream and old cases stay as they were.
+    ``number`` renames the case (nodes, label) without changing what it holds."""
+    drawn = index
+    index = drawn if number is None else number
     nodes: list[Obj] = []
     slices: list[Obj] = []
     tainted = False
@@ -160,7 +172,73 @@ def make_case(rng: random.Random, index: int) -> Case:
     if rng.random() < 0.2:
         attr = rng.choice(CONSTRAINTS)
         constraints.append({"matchAttribute": attr} if rng.random() < 0.7 else {"distinctAttribute": attr})
-    return Case(index, nodes, slices, held, requests, constraints)
+    case = Case(index, nodes, slices, held, requests, constraints)
+    if seed is not None:
+        _more_features(random.Random(f"{seed}/{drawn}"), case)
+    return case
+
+
+LIST_SELECTORS = (
+    f"0 in {GPU}.numaNode",
+    f"{GPU}.numaNode.exists(n, n >= 1)",
+    "device.driver == 'gpu.nvidia.com'",
+)
+
+
+def _more_features(x: random.Random, case: Case) -> None:
+    """1.37 features beyond the first generator: list-valued attributes, admin access, several claims per
+    pod, DRA extended resources, v1beta1/v1beta2 templates, NoExecute taints, the 32-device limit."""
+    if x.random() < 0.1:  # the NVIDIA driver publishes numaNode as a list with DRAListTypeAttributes on
+        for s in case.slices:
+            for k, d in enumerate(s["spec"].get("devices") or []):
+                d.setdefault("attributes", {})["numaNode"] = {"ints": [k % 2, k % 2 + 1]}
+        for req in case.requests:
+            if req.get("exactly") and x.random() < 0.7:
+                req["exactly"].setdefault("selectors", []).append(
+                    {"cel": {"expression": x.choice(LIST_SELECTORS)}}
+                )
+    for s in case.slices:
+        for d in s["spec"].get("devices") or []:
+            for t in d.get("taints") or []:
+                if x.random() < 0.3:
+                    t["effect"] = "NoExecute"
+    if x.random() < 0.03:  # All over more than 32 MIG devices: the claim limit aborts scheduling
+        name = case.nodes[0]["metadata"]["name"]
+        model = x.choice(("H100", "H200", "B200"))
+        case.nodes[0] = nvidia.node_object(name, model, gpus=5, labels={CASE_LABEL: str(case.index)})
+        case.slices = [s for s in case.slices if s["spec"]["nodeName"] != name] + nvidia.node_slices(
+            name, model, mode="static-mig", layout="all-1g", gpus=5
+        )
+        case.held = []
+        case.requests = [nvidia.exactly_request("r0", "mig.nvidia.com", allocation_mode="All")]
+        case.constraints = []
+    roll = x.random()
+    if roll < 0.08:
+        exact = [r for r in case.requests if r.get("exactly")]
+        if exact:
+            exact[0]["exactly"]["adminAccess"] = True
+    elif roll < 0.16:
+        case.extra_requests = [
+            nvidia.exactly_request("extra", x.choice(("gpu.nvidia.com", "mig.nvidia.com")), 1)
+            for _ in range(x.choice((1, 2)))
+        ]
+    elif roll < 0.24:
+        case.extended = x.choice((1, 1, 2))
+    roll = x.random()
+    if roll < 0.08:
+        case.api_version = "v1beta1"
+    elif roll < 0.14:
+        case.api_version = "v1beta2"
+
+
+def as_api_version(template: Obj, version: str) -> Obj:
+    """``template`` (v1 shape) as ``resource.k8s.io/<version>`` would take it."""
+    out = copy.deepcopy(template)
+    out["apiVersion"] = f"resource.k8s.io/{version}"
+    if version == "v1beta1":
+        for req in out["spec"]["spec"]["devices"]["requests"]:
+            req.update(req.pop("exactly", {}))
+    return out
 
 
 def _specs(case: Case) -> list[Obj]:
@@ -176,6 +254,18 @@ def case_features(case: Case) -> set[str]:
     devices = [d for s in case.slices for d in s["spec"].get("devices") or []]
     found = {"all"}
     checks = {
+        "list-attributes": any("numaNode" in (d.get("attributes") or {}) for d in devices),
+        "no-execute-taint": any(
+            t.get("effect") == "NoExecute" for d in devices for t in d.get("taints") or []
+        ),
+        "claim-limit": any(
+            sum(len(s["spec"].get("devices") or []) for s in case.slices if s["spec"]["nodeName"] == n) > 32
+            for n in case.node_names()
+        )
+        and any(s.get("allocationMode") == "All" for s in specs),
+        "several-claims": bool(case.extra_requests),
+        "extended-resource": case.extended > 0,
+        f"api-{case.api_version}": True,
         "first-available": any(r.get("firstAvailable") for r in case.requests),
         "all-mode": any(s.get("allocationMode") == "All" for s in specs),
         "capacity-request": any(s.get("capacity") for s in specs),

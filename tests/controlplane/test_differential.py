@@ -28,8 +28,16 @@ import yaml
 
 from claims.diagnosis import diagnose
 from claims.fleetstate import FleetState
+from fleet.normalize import claim_as_v1
 from fleet.simulator import nvidia
-from tests.controlplane.diffgen import CASE_LABEL, Case, case_features, make_case, validate_allocation
+from tests.controlplane.diffgen import (
+    CASE_LABEL,
+    Case,
+    as_api_version,
+    case_features,
+    make_case,
+    validate_allocation,
+)
 from tests.controlplane.kube import ApiError, Kube, Obj, wait_for
 from tests.controlplane.nodes import for_create, register_node
 from tests.controlplane.publisher import FleetPublisher
@@ -47,7 +55,7 @@ def _seed() -> int:
 
 def generate(seed: int, count: int) -> list[Case]:
     rng = random.Random(seed)
-    return [make_case(rng, i) for i in range(count)]
+    return [make_case(rng, i, seed) for i in range(count)]
 
 
 def regression_cases() -> list[tuple[int, int, Case]]:
@@ -63,7 +71,7 @@ def regression_cases() -> list[tuple[int, int, Case]]:
         rng = random.Random(seed)
         for i in range(index):
             make_case(rng, i)
-        out.append((seed, index, make_case(rng, 100_000 + number)))
+        out.append((seed, index, make_case(rng, index, seed, number=100_000 + number)))
     return out
 
 
@@ -95,9 +103,30 @@ def _create_held(kube: Kube, claim: Obj) -> None:
 
 
 def _pod(ns: str, case: Case) -> Obj:
-    pod = nvidia.pod_object(ns, case.name, [("gpus", case.name)])
+    """The case's pod: its claim templates, or nvidia.com/gpu in its limits (DRA extended resource)."""
+    claims: list[tuple[str, str | dict[str, str]]] = []
+    if not case.extended:
+        claims.append(("gpus", case.name))
+        claims += [(f"x{k}", f"{case.name}-x{k}") for k in range(len(case.extra_requests))]
+    pod = nvidia.pod_object(ns, case.name, claims)
     pod["spec"]["nodeSelector"] = {CASE_LABEL: str(case.index)}
+    if case.extended:
+        pod["spec"].pop("resourceClaims", None)
+        pod["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": str(case.extended)}}
     return for_create(pod)
+
+
+def _templates(ns: str, case: Case) -> list[Obj]:
+    """The case's templates as created: the main one in the case's API version, then the extra ones."""
+    main = nvidia.claim_template(ns, case.name, case.requests, case.constraints)
+    extra = [nvidia.claim_template(ns, f"{case.name}-x{k}", [r]) for k, r in enumerate(case.extra_requests)]
+    return [as_api_version(main, case.api_version) if case.api_version != "v1" else main, *extra]
+
+
+def _create_template(kube: Kube, template: Obj) -> None:
+    version = template["apiVersion"]
+    ns = template["metadata"]["namespace"]
+    kube.request("POST", f"/apis/{version}/namespaces/{ns}/resourceclaimtemplates", for_create(template))
 
 
 def _verdict(pod: Obj) -> tuple[str, str] | None:
@@ -109,7 +138,7 @@ def _verdict(pod: Obj) -> tuple[str, str] | None:
         message = cond.get("message", "")
         if cond.get("reason") == "SchedulerError" and "DynamicResources" in message:
             return "error", message
-        if "cannot allocate all claims" in message or "invalid resource pools" in message:
+        if cond.get("reason") == "Unschedulable" and "nodes are available" in message:
             return "unschedulable", message
     return None
 
@@ -118,7 +147,35 @@ def _engine(case: Case, ns: str, template: Obj, classes: list[Obj]) -> tuple[str
     objs: list[Obj] = [*classes, *case.nodes, *case.slices]
     if case.held:
         objs.append(_held_claim(ns, case))
-    result = diagnose(FleetState.from_objects(objs), template)
+    if case.extended or case.extra_requests:
+        # Diagnose the pod: its claims as the resource-claim controller would stamp them (by name here).
+        pod = _pod(ns, case)
+        pod["metadata"]["uid"] = f"uid-{case.name}"
+        if case.extended:
+            objs.append(pod)
+        else:
+            names = [case.name] + [f"{case.name}-x{k}" for k in range(len(case.extra_requests))]
+            pod["spec"]["resourceClaims"] = [
+                {"name": ref["name"], "resourceClaimName": name}
+                for ref, name in zip(pod["spec"]["resourceClaims"], names, strict=True)
+            ]
+            objs.append(pod)
+            for t in _templates(ns, case):
+                objs.append(
+                    {
+                        "apiVersion": "resource.k8s.io/v1",
+                        "kind": "ResourceClaim",
+                        "metadata": {
+                            "namespace": ns,
+                            "name": t["metadata"]["name"],
+                            "uid": f"uid-{t['metadata']['name']}",
+                        },
+                        "spec": claim_as_v1(t)["spec"]["spec"],
+                    }
+                )
+        result = diagnose(FleetState.from_objects(objs), pod)
+    else:
+        result = diagnose(FleetState.from_objects(objs), template)
     if result.category == "fits":
         return "fits", result
     if result.scheduler_message.startswith('running "DynamicResources"') or result.category == "cel-error":
@@ -127,7 +184,8 @@ def _engine(case: Case, ns: str, template: Obj, classes: list[Obj]) -> tuple[str
 
 
 def _scheduler_allocation(kube: Kube, ns: str, pod: Obj) -> Obj:
-    name = pod["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
+    statuses = pod["status"]["resourceClaimStatuses"]
+    name = next(s["resourceClaimName"] for s in statuses if s["name"] == "gpus")
     allocation: Obj = kube.get("ResourceClaim", name, ns)["status"]["allocation"]
     return allocation
 
@@ -136,7 +194,7 @@ def _case_yaml(case: Case, ns: str, template: Obj) -> str:
     objs: list[Obj] = [*case.nodes, *case.slices]
     if case.held:
         objs.append(_held_claim(ns, case))
-    objs.append(template)
+    objs += [template, *_templates(ns, case)[1:], _pod(ns, case)]
     return yaml.safe_dump_all(objs, sort_keys=False)
 
 
@@ -150,16 +208,21 @@ def _run_batch(kube: Kube, namespace: str, cases: list[Case]) -> tuple[list[str]
         _publish(kube, publisher, case)
         if case.held:
             _create_held(kube, _held_claim(namespace, case))
+    # adminAccess requests are only admitted in a namespace with this label
+    kube.patch(
+        "Namespace", namespace, {"metadata": {"labels": {"resource.kubernetes.io/admin-access": "true"}}}
+    )
     templates: dict[int, Obj] = {}
     rejected: dict[int, str] = {}
     for case in cases:
-        template = nvidia.claim_template(namespace, case.name, case.requests, case.constraints)
+        made = _templates(namespace, case)
         try:
-            kube.create(for_create(template))
+            for template in made:
+                _create_template(kube, template)
         except ApiError as err:
             rejected[case.index] = str(err)
             continue
-        templates[case.index] = template
+        templates[case.index] = made[0]
         kube.create(_pod(namespace, case))
 
     def all_decided() -> dict[str, Obj] | None:
@@ -178,9 +241,7 @@ def _run_batch(kube: Kube, namespace: str, cases: list[Case]) -> tuple[list[str]
     verdicts: dict[str, int] = {}
     by_feature: dict[str, list[int]] = {}
     for case in cases:
-        template = templates.get(case.index) or nvidia.claim_template(
-            namespace, case.name, case.requests, case.constraints
-        )
+        template = templates.get(case.index) or _templates(namespace, case)[0]
         problem = _compare(kube, namespace, case, template, pods.get(case.name), rejected, classes, verdicts)
         for feature in case_features(case):
             tally = by_feature.setdefault(feature, [0, 0])
@@ -223,8 +284,8 @@ def _compare(
             f"{case.name}: engine {outcome} ({result.category}: {result.summary}); "
             f"scheduler {seen[0]} {seen[1]}"
         )
-    if outcome != "fits":
-        return None
+    if outcome != "fits" or case.extended:
+        return None  # the extended resource claim's requests are the scheduler's: verdict only
     real = _scheduler_allocation(kube, namespace, pod)
     engine_problems = validate_allocation(
         result.placement["allocation"], case.requests, case.constraints, case.slices, classes, case.held
