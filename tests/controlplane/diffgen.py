@@ -333,8 +333,10 @@ def validate_allocation(
     keys = [(r["driver"], r["pool"], r["device"]) for r in results]
     if len(set(keys)) != len(keys):
         problems.append("a device is allocated twice")
-    if taken & set(keys):
-        problems.append(f"devices already held by another claim: {sorted(taken & set(keys))}")
+    # adminAccess results may name devices that other claims hold
+    owned = {k for r, k in zip(results, keys, strict=True) if not r.get("adminAccess")}
+    if taken & owned:
+        problems.append(f"devices already held by another claim: {sorted(taken & owned)}")
     specs: dict[str, Obj] = {}
     for req in requests:
         if req.get("firstAvailable"):
