@@ -59,19 +59,21 @@ def generate(seed: int, count: int) -> list[Case]:
 
 
 def regression_cases() -> list[tuple[int, int, Case]]:
-    """(seed, index, case) of every ``SEED INDEX`` line of regression_cases.txt, renumbered so that cases of
-    several seeds can share one batch (names do not change what the generator draws)."""
-    wanted: list[tuple[int, int]] = []
+    """(seed, index, case) of every ``SEED INDEX [base]`` line of regression_cases.txt, renumbered so that
+    cases of several seeds can share one batch (names do not change what the generator draws). ``base``: the
+    case as the first generator drew it, without the features added later (see ``make_case``)."""
+    wanted: list[tuple[int, int, bool]] = []
     for line in REGRESSIONS.read_text().splitlines():
         fields = line.split("#", 1)[0].split()
         if fields:
-            wanted.append((int(fields[0]), int(fields[1])))
+            wanted.append((int(fields[0]), int(fields[1]), fields[2:] == ["base"]))
     out = []
-    for number, (seed, index) in enumerate(wanted):
+    for number, (seed, index, base) in enumerate(wanted):
         rng = random.Random(seed)
         for i in range(index):
             make_case(rng, i)
-        out.append((seed, index, make_case(rng, index, seed, number=100_000 + number)))
+        case = make_case(rng, index, None if base else seed, number=100_000 + number)
+        out.append((seed, index, case))
     return out
 
 

@@ -39,7 +39,7 @@ def test_explain_reads_a_pending_pod_and_the_fleet_from_the_api_server(
     result = json.loads(out.getvalue())
     assert result["category"] == "capacity"
     assert result["pod"] == f"{namespace}/job"
-    assert "needs 2 devices on one node" in result["summary"]
+    assert result["summary"].startswith("Request gpu needs 2: 1 devices match (1 H100), 1 free")
     assert "cannot allocate all claims" in result["scheduler_message"]
 
 
