@@ -213,6 +213,29 @@ def _more_features(x: random.Random, case: Case) -> None:
         case.requests = [nvidia.exactly_request("r0", "mig.nvidia.com", allocation_mode="All")]
         case.constraints = []
     roll = x.random()
+    if roll < 0.09:  # a node-less pool (nodeSelector): on the case's nodes, or (1 in 3) on none
+        pool = f"d{case.index}-fabric"
+        gpu_model = nvidia.MODELS[x.choice(MODELS)]
+        label = str(case.index) if roll < 0.06 else "nowhere"
+        selector = {
+            "nodeSelectorTerms": [
+                {"matchExpressions": [{"key": CASE_LABEL, "operator": "In", "values": [label]}]}
+            ]
+        }
+        case.slices.append(
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceSlice",
+                "metadata": {"name": f"{pool}-0"},
+                "spec": {
+                    "driver": "gpu.nvidia.com",
+                    "pool": {"name": pool, "generation": 1, "resourceSliceCount": 1},
+                    "nodeSelector": selector,
+                    "devices": [nvidia.gpu_device(pool, gpu_model, k) for k in range(x.choice((1, 2)))],
+                },
+            }
+        )
+    roll = x.random()
     if roll < 0.08:
         exact = [r for r in case.requests if r.get("exactly")]
         if exact:
@@ -259,11 +282,13 @@ def case_features(case: Case) -> set[str]:
             t.get("effect") == "NoExecute" for d in devices for t in d.get("taints") or []
         ),
         "claim-limit": any(
-            sum(len(s["spec"].get("devices") or []) for s in case.slices if s["spec"]["nodeName"] == n) > 32
+            sum(len(s["spec"].get("devices") or []) for s in case.slices if s["spec"].get("nodeName") == n)
+            > 32
             for n in case.node_names()
         )
         and any(s.get("allocationMode") == "All" for s in specs),
         "several-claims": bool(case.extra_requests),
+        "node-less-pool": any(not s["spec"].get("nodeName") for s in case.slices),
         "extended-resource": case.extended > 0,
         f"api-{case.api_version}": True,
         "first-available": any(r.get("firstAvailable") for r in case.requests),

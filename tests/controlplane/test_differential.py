@@ -82,7 +82,10 @@ def _publish(kube: Kube, publisher: FleetPublisher, case: Case) -> None:
     for node in case.nodes:
         stored[node["metadata"]["name"]] = register_node(kube, node)
     for s in case.slices:
-        publisher.publish_slice(s, stored[s["spec"]["nodeName"]])
+        if s["spec"].get("nodeName"):
+            publisher.publish_slice(s, stored[s["spec"]["nodeName"]])
+        else:  # a node-less pool has no owner node
+            kube.create(for_create(s))
 
 
 def _held_claim(ns: str, case: Case) -> Obj:
