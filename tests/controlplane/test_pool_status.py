@@ -2,7 +2,8 @@
 ``resource.k8s.io/v1alpha3``, gate DRAResourcePoolStatus, computed by kube-controller-manager 1.37.2).
 
 The fleet is a batch of differential-test cases (full GPUs, static and dynamic MIG, taints, held devices,
-incomplete pools), read back from the API server and imported as a user would (``import_snapshot``).
+node-less pools; every pool complete), read back from the API server and imported as a user would
+(``import_snapshot``).
 
 The two count differently, on purpose (FINDINGS.md): the API server's ``unavailableDevices`` is every device
 with a NoSchedule/NoExecute taint, allocated or not, and ``availableDevices`` is
@@ -70,6 +71,14 @@ def test_pool_counts_follow_the_api_servers_resource_pool_status(
     seed = int(os.environ.get("CLAIMSCOPE_DIFF_SEED") or secrets.randbelow(2**31))
     print(f"pool status: seed {seed} (CLAIMSCOPE_DIFF_SEED reproduces)")
     cases = generate(seed, 60)
+    # A request over a pool that is still incomplete never completes: the controller requeues it and drops it
+    # after 5 tries, without status (FINDINGS.md). So every pool here is complete.
+    for case in cases:
+        for s in case.slices:
+            pool = s["spec"]["pool"]
+            pool["resourceSliceCount"] = sum(
+                1 for t in case.slices if t["spec"]["pool"]["name"] == pool["name"]
+            )
     publisher = FleetPublisher(kube)
     publisher.device_classes()
     for case in cases:
@@ -86,16 +95,7 @@ def test_pool_counts_follow_the_api_servers_resource_pool_status(
     for pool in pools:
         status = api[pool]
         ours = [d for d in devices if d["pool"] == pool]
-        complete = all(
-            sum(1 for t in case.slices if t["spec"]["pool"]["name"] == pool)
-            == s["spec"]["pool"]["resourceSliceCount"]
-            for case in cases
-            for s in case.slices
-            if s["spec"]["pool"]["name"] == pool
-        )
-        if not complete:
-            assert "is incomplete" in (status.get("validationError") or ""), status
-            continue
+        assert not status.get("validationError"), status
         summary = selectors.summarize(ours, allocated, counter_sets)
         counts: dict[str, int] = {
             k: sum(getattr(g, k) for g in summary.groups)
@@ -119,4 +119,4 @@ def test_pool_counts_follow_the_api_servers_resource_pool_status(
         assert counts["tainted"] <= tainted_any
         assert sum(1 for k in allocated if k in keys) == counts["allocated"]
         compared += 1
-    assert compared >= 30, compared
+    assert compared >= 40, compared
