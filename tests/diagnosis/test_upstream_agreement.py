@@ -9,7 +9,7 @@ import copy
 from typing import Any
 
 from claims.diagnosis import diagnose
-from claims.fleetstate import FleetState
+from claims.fleetstate import FleetState, lean_object
 from fleet.simulator import nvidia
 from tests.diagnosis.fleet import GPU, claim, held, node, state
 
@@ -230,3 +230,14 @@ def test_an_extended_resource_without_a_device_class_is_not_dra() -> None:
     result = diagnose(state(node("a", "H100", gpus=1)), _gpu_pod(1, "example.com/fpga"))
     assert result.category == "fits"
     assert result.summary.startswith("All claims of pod team/legacy")
+
+
+def test_a_lean_pod_keeps_what_its_extended_resource_claim_is_built_from() -> None:
+    pod = _gpu_pod(2)
+    pod["spec"]["containers"][0]["env"] = [{"name": "X", "value": "1"}]
+    lean = lean_object(copy.deepcopy(pod), {})
+    assert lean["spec"]["containers"] == [
+        {"name": "main", "resources": pod["spec"]["containers"][0]["resources"]}
+    ]
+    fleet = _extended_fleet(node("a", "H100", gpus=2))
+    assert diagnose(fleet, lean).as_dict() == diagnose(fleet, pod).as_dict()
