@@ -1373,7 +1373,7 @@ def _unschedulable(
         else:
             best = max((n for node, n in a.free_by_node.items() if node), default=0)
             base.category = "capacity"
-            if best >= a.needed and a.free_by_node.get(""):
+            if a.free_by_node.get(""):
                 base.summary = (
                     f"Request {a.req.name} needs {a.needed}: {a.free_by_node['']} matching devices are free "
                     "in node-less slices (allNodes, nodeSelector), but no node the pod can use reaches them."

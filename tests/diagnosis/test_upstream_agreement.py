@@ -241,3 +241,20 @@ def test_a_lean_pod_keeps_what_its_extended_resource_claim_is_built_from() -> No
     ]
     fleet = _extended_fleet(node("a", "H100", gpus=2))
     assert diagnose(fleet, lean).as_dict() == diagnose(fleet, pod).as_dict()
+
+
+def test_a_node_less_device_no_node_reaches_is_named_so() -> None:
+    parts = node("a", "H100", gpus=1)
+    fabric = copy.deepcopy(parts[1])
+    fabric["metadata"]["name"] = "fabric-0"
+    spec = fabric["spec"]
+    del spec["nodeName"]
+    spec["pool"]["name"] = "fabric"
+    spec["nodeSelector"] = {
+        "nodeSelectorTerms": [{"matchExpressions": [{"key": "rack", "operator": "In", "values": ["r9"]}]}]
+    }
+    fleet = state(parts, fabric, held("x", "a", ["gpu-0"], "2026-03-06T10:00:00Z"))
+    result = diagnose(fleet, claim([gpu()]))
+    assert result.category == "capacity", result.summary
+    assert "no node the pod can use reaches them" in result.summary
+    assert "at most" not in result.summary
