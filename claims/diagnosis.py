@@ -1402,6 +1402,12 @@ def _unschedulable(
             (g for g in a.groups.values() if g.miss), key=lambda g: (-g.total, g.model, g.profile)
         )[:3]
         near = "; ".join(f"{g.miss[1]} on {g.total} {_group_label(g)}" for g in misses if g.miss)
+        short = a.count(CAPACITY)
+        if short and not near:
+            near = (
+                f"{short} devices pass the selectors but cannot serve capacity.requests (capacity missing, too "
+                "small, or outside the device's requestPolicy)"
+            )
         base.summary = f"No device in the fleet matches request {a.req.name}" + (
             f": {near}." if near else "."
         )

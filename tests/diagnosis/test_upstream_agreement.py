@@ -119,6 +119,7 @@ def test_a_capacity_request_over_the_request_policy_maximum_matches_no_device() 
     memory["requestPolicy"] = {"default": "1Gi", "validRange": {"min": "1Gi", "max": "10Gi"}}
     result = diagnose(state(parts), claim([gpu(capacity={"memory": "20Gi"})]))
     assert result.category == "no-match", result.summary
+    assert "outside the device's requestPolicy" in result.summary
     assert "at most" not in result.summary
     assert not any("Wait for a holder" in s for s in result.suggestions)
 
