@@ -1405,8 +1405,8 @@ def _unschedulable(
         short = a.count(CAPACITY)
         if short and not near:
             near = (
-                f"{short} devices pass the selectors but cannot serve capacity.requests (capacity missing, too "
-                "small, or outside the device's requestPolicy)"
+                f"{short} devices pass the selectors but cannot serve capacity.requests (capacity missing, "
+                "too small, or outside the device's requestPolicy)"
             )
         base.summary = f"No device in the fleet matches request {a.req.name}" + (
             f": {near}." if near else "."
