@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 
 from claims.allocator import FleetSnapshot
-from fleet.normalize import model_family
+from fleet.normalize import model_family, object_as_v1
 from fleet.snapshot import read_files
 
 Obj = dict[str, Any]
@@ -85,7 +85,8 @@ class FleetState:
         for obj in objs:
             kind = obj.get("kind")
             if kind in state.objects:
-                state.objects[str(kind)].append(obj)
+                # Files may hold v1beta1 objects (kubectl of an older cluster, a driver's quickstart).
+                state.objects[str(kind)].append(object_as_v1(obj))
         return state
 
     @classmethod

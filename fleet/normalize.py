@@ -745,6 +745,28 @@ def claim_as_v1(obj: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def object_as_v1(obj: dict[str, Any]) -> dict[str, Any]:
+    """A ``resource.k8s.io/v1beta1`` ResourceSlice (devices wrapped in ``basic``), ResourceClaim or
+    ResourceClaimTemplate in the v1 shape; any other object as it is."""
+    if obj.get("apiVersion") != "resource.k8s.io/v1beta1":
+        return obj
+    if obj.get("kind") in CLAIM_KINDS:
+        return claim_as_v1(obj)
+    if obj.get("kind") != "ResourceSlice":
+        return obj
+    out = copy.deepcopy(obj)
+    out["apiVersion"] = "resource.k8s.io/v1"
+    spec = _dict(out.get("spec"))
+    if isinstance(spec.get("devices"), list):
+        spec["devices"] = [
+            {"name": d.get("name"), **d["basic"]}
+            if isinstance(d, dict) and isinstance(d.get("basic"), dict)
+            else d
+            for d in spec["devices"]
+        ]
+    return out
+
+
 def clean_pasted_claim(obj: Any) -> dict[str, Any]:
     """A ResourceClaim or ResourceClaimTemplate that did not come from an API server (pasted into "Will it
     fit?", posted to ``/api/v1/whatif``), as lint and diagnosis may read it: a copy without null fields

@@ -259,3 +259,12 @@ def test_a_node_less_device_no_node_reaches_is_named_so() -> None:
     assert result.category == "capacity", result.summary
     assert "no node the pod can use reaches them" in result.summary
     assert "at most" not in result.summary
+
+
+def test_a_v1beta1_fleet_file_with_basic_devices_is_read_as_v1() -> None:
+    parts = node("a", "H100", gpus=2)
+    old = copy.deepcopy(parts[1])
+    old["apiVersion"] = "resource.k8s.io/v1beta1"
+    old["spec"]["devices"] = [{"name": d.pop("name"), "basic": d} for d in old["spec"]["devices"]]
+    result = diagnose(state([parts[0], old]), claim([gpu(2)]))
+    assert result.category == "fits", result.summary
