@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import random
+import uuid
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -212,6 +213,8 @@ def _more_features(x: random.Random, case: Case) -> None:
         case.held = []
         case.requests = [nvidia.exactly_request("r0", "mig.nvidia.com", allocation_mode="All")]
         case.constraints = []
+    if x.random() < 0.08:
+        _share_devices(x, case)
     roll = x.random()
     if roll < 0.09:  # a node-less pool (nodeSelector): on the case's nodes, or (1 in 3) on none
         pool = f"d{case.index}-fabric"
@@ -254,6 +257,34 @@ def _more_features(x: random.Random, case: Case) -> None:
         case.api_version = "v1beta2"
 
 
+def _share_devices(x: random.Random, case: Case) -> None:
+    """Consumable capacity: the first node's full GPUs (those without counters) allow multiple allocations
+    of their memory (1Gi steps), the held devices among them are held as shares, and requests for full GPUs
+    ask for some memory."""
+    name = case.nodes[0]["metadata"]["name"]
+    shared: set[str] = set()
+    for s in case.slices:
+        if s["spec"].get("nodeName") != name:
+            continue
+        for d in s["spec"].get("devices") or []:
+            if d.get("consumesCounters") or "profile" in (d.get("attributes") or {}):
+                continue
+            d["allowMultipleAllocations"] = True
+            d["capacity"]["memory"]["requestPolicy"] = {
+                "default": "10Gi",
+                "validRange": {"min": "1Gi", "step": "1Gi"},
+            }
+            shared.add(d["name"])
+    for h in case.held:
+        if h["device"] in shared:
+            h["shareID"] = str(uuid.UUID(int=x.getrandbits(128), version=4))
+            h["consumedCapacity"] = {"memory": x.choice(("10Gi", "40Gi", "70Gi"))}
+    for req in case.requests:
+        exact = req.get("exactly") or {}
+        if exact.get("deviceClassName") == "gpu.nvidia.com" and x.random() < 0.7:
+            exact["capacity"] = {"requests": {"memory": x.choice(("5Gi", "20Gi", "40Gi", "75Gi"))}}
+
+
 def as_api_version(template: Obj, version: str) -> Obj:
     """``template`` (v1 shape) as ``resource.k8s.io/<version>`` would take it."""
     out = copy.deepcopy(template)
@@ -288,6 +319,7 @@ def case_features(case: Case) -> set[str]:
         )
         and any(s.get("allocationMode") == "All" for s in specs),
         "several-claims": bool(case.extra_requests),
+        "shared-device": any(d.get("allowMultipleAllocations") for d in devices),
         "node-less-pool": any(not s["spec"].get("nodeName") for s in case.slices),
         "extended-resource": case.extended > 0,
         f"api-{case.api_version}": True,
@@ -353,13 +385,16 @@ def validate_allocation(
         c["metadata"]["name"]: [x["cel"]["expression"] for x in c["spec"].get("selectors") or []]
         for c in classes
     }
-    taken = {(h["driver"], h["pool"], h["device"]) for h in held}
+    taken = {(h["driver"], h["pool"], h["device"]) for h in held if not h.get("shareID")}
     results = allocation.get("devices", {}).get("results") or []
     keys = [(r["driver"], r["pool"], r["device"]) for r in results]
-    if len(set(keys)) != len(keys):
+    shareable = {k for k in keys if (devices.get(k) or {}).get("allowMultipleAllocations")}
+    if len({k for k in keys if k not in shareable}) != len([k for k in keys if k not in shareable]):
         problems.append("a device is allocated twice")
     # adminAccess results may name devices that other claims hold
-    owned = {k for r, k in zip(results, keys, strict=True) if not r.get("adminAccess")}
+    owned = {
+        k for r, k in zip(results, keys, strict=True) if not r.get("adminAccess") and not r.get("shareID")
+    }
     if taken & owned:
         problems.append(f"devices already held by another claim: {sorted(taken & owned)}")
     specs: dict[str, Obj] = {}

@@ -93,6 +93,10 @@ def _held_claim(ns: str, case: Case) -> Obj:
     spec_request = nvidia.exactly_request("held", "gpu.nvidia.com", len(case.held))
     claim = nvidia.claim_object(ns, f"held-{case.index}", [spec_request])
     claim["status"] = nvidia.allocation_status(case.held, node)
+    for result, held in zip(claim["status"]["allocation"]["devices"]["results"], case.held, strict=True):
+        for key in ("shareID", "consumedCapacity"):
+            if key in held:
+                result[key] = held[key]
     return claim
 
 
