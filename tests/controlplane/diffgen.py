@@ -175,7 +175,7 @@ def make_case(rng: random.Random, index: int, seed: int | None = None, number: i
         constraints.append({"matchAttribute": attr} if rng.random() < 0.7 else {"distinctAttribute": attr})
     case = Case(index, nodes, slices, held, requests, constraints)
     if seed is not None:
-        _more_features(random.Random(f"{seed}/{drawn}"), case)
+        _more_features(random.Random(f"{seed}/{drawn}"), case, seed, drawn)
     return case
 
 
@@ -186,7 +186,7 @@ LIST_SELECTORS = (
 )
 
 
-def _more_features(x: random.Random, case: Case) -> None:
+def _more_features(x: random.Random, case: Case, seed: int, drawn: int) -> None:
     """1.37 features beyond the first generator: list-valued attributes, admin access, several claims per
     pod, DRA extended resources, v1beta1/v1beta2 templates, NoExecute taints, the 32-device limit."""
     if x.random() < 0.1:  # the NVIDIA driver publishes numaNode as a list with DRAListTypeAttributes on
@@ -213,8 +213,28 @@ def _more_features(x: random.Random, case: Case) -> None:
         case.held = []
         case.requests = [nvidia.exactly_request("r0", "mig.nvidia.com", allocation_mode="All")]
         case.constraints = []
+    roll = x.random()
+    if roll < 0.08:
+        exact = [r for r in case.requests if r.get("exactly")]
+        if exact:
+            exact[0]["exactly"]["adminAccess"] = True
+    elif roll < 0.16:
+        case.extra_requests = [
+            nvidia.exactly_request("extra", x.choice(("gpu.nvidia.com", "mig.nvidia.com")), 1)
+            for _ in range(x.choice((1, 2)))
+        ]
+    elif roll < 0.24:
+        case.extended = x.choice((1, 1, 2))
+    roll = x.random()
+    if roll < 0.08:
+        case.api_version = "v1beta1"
+    elif roll < 0.14:
+        case.api_version = "v1beta2"
+    # Features added later draw from their own streams, so that the cases above stay as they were found.
+    x = random.Random(f"{seed}/{drawn}/shared")
     if x.random() < 0.08:
         _share_devices(x, case)
+    x = random.Random(f"{seed}/{drawn}/node-less")
     roll = x.random()
     if roll < 0.09:  # a node-less pool (nodeSelector): on the case's nodes, or (1 in 3) on none
         pool = f"d{case.index}-fabric"
@@ -238,23 +258,6 @@ def _more_features(x: random.Random, case: Case) -> None:
                 },
             }
         )
-    roll = x.random()
-    if roll < 0.08:
-        exact = [r for r in case.requests if r.get("exactly")]
-        if exact:
-            exact[0]["exactly"]["adminAccess"] = True
-    elif roll < 0.16:
-        case.extra_requests = [
-            nvidia.exactly_request("extra", x.choice(("gpu.nvidia.com", "mig.nvidia.com")), 1)
-            for _ in range(x.choice((1, 2)))
-        ]
-    elif roll < 0.24:
-        case.extended = x.choice((1, 1, 2))
-    roll = x.random()
-    if roll < 0.08:
-        case.api_version = "v1beta1"
-    elif roll < 0.14:
-        case.api_version = "v1beta2"
 
 
 def _share_devices(x: random.Random, case: Case) -> None:
