@@ -119,4 +119,5 @@ def test_pool_counts_follow_the_api_servers_resource_pool_status(
         assert counts["tainted"] <= tainted_any
         assert sum(1 for k in allocated if k in keys) == counts["allocated"]
         compared += 1
+    print(f"pool status: {compared} pools agree with the API server")
     assert compared >= 40, compared
