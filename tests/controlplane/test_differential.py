@@ -287,6 +287,12 @@ def _compare(
     seen = _verdict(pod)
     assert seen is not None
     outcome, result = _engine(case, namespace, template, classes)
+    if seen[0] == "error" and "timed out trying to allocate devices" in seen[1]:
+        # The Filter timeout (DRASchedulerFilterTimeout, 10 s) depends on the machine's load, not on the
+        # case: the engine does not model time. Counted and printed, not compared (FINDINGS.md).
+        verdicts["filter-timeout"] = verdicts.get("filter-timeout", 0) + 1
+        print(f"{case.name}: scheduler timed out (engine: {outcome}): {seen[1]}")
+        return None
     verdicts[seen[0]] = verdicts.get(seen[0], 0) + 1
     if outcome != seen[0]:
         return (
