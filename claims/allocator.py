@@ -40,6 +40,7 @@ __all__ = [
     "SelectorStats",
     "allocate",
     "node_matches",
+    "policy_amount",
     "schedule_pod",
 ]
 
@@ -135,6 +136,8 @@ class FleetSnapshot:
 
 
 def _typed(value: object) -> tuple[str, object]:
+    if isinstance(value, list):  # a list-valued attribute: hashable for the cache key
+        return ("list", tuple(_typed(v) for v in value))
     return (type(value).__name__, value)
 
 
@@ -157,6 +160,7 @@ class _Baseline:
     in_use: set[DeviceKey]
     counter_use: dict[tuple[str, str, str, str], Fraction]
     capacity_use: dict[tuple[DeviceKey, str], Fraction]
+    shared_in_use: set[DeviceKey] = field(default_factory=set)
 
 
 def _slice_index(snapshot: FleetSnapshot) -> _SliceIndex:
@@ -531,17 +535,21 @@ class _Allocator:
             self.in_use: set[DeviceKey] = set()
             self.counter_use: dict[tuple[str, str, str, str], Fraction] = {}
             self.capacity_use: dict[tuple[DeviceKey, str], Fraction] = {}
+            self.shared_in_use: set[DeviceKey] = set()
             self._index_allocated()
             baseline = snapshot._baseline = _Baseline(
                 (len(snapshot.slices), len(snapshot.allocated_claims)),
                 self.in_use,
                 dict(self.counter_use),
                 dict(self.capacity_use),
+                self.shared_in_use,
             )
         # in_use is only read; the counters are changed (and undone) during the search: copy them.
         self.in_use = baseline.in_use
         self.counter_use = dict(baseline.counter_use)
         self.capacity_use = dict(baseline.capacity_use)
+        self.shared_in_use = baseline.shared_in_use
+        self.sharing: dict[DeviceKey, int] = {}  # shares of a device allocated in this attempt
         self.claim_data: list[_ClaimData] = []
         self.results: list[list[tuple[_Request, _Candidate, dict[str, Fraction] | None]]] = []
         self.allocating: set[DeviceKey] = set()
@@ -558,6 +566,7 @@ class _Allocator:
 
     def _index_allocated(self) -> None:
         devices: dict[DeviceKey, Obj] | None = None
+        counted: set[DeviceKey] = set()  # an allocated device consumes its counters once, however shared
         for claim in self.snapshot.allocated_claims:
             results = (
                 (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results")
@@ -567,7 +576,10 @@ class _Allocator:
                     continue
                 key = (result.get("driver", ""), result.get("pool", ""), result.get("device", ""))
                 consumed = result.get("consumedCapacity")
-                if result.get("shareID") or consumed:
+                # Only a result with a shareID is one share of a device; without it the device is
+                # dedicated, even when it allows multiple allocations (allocateddevices.go).
+                if result.get("shareID"):
+                    self.shared_in_use.add(key)
                     for name, value in (consumed or {}).items():
                         self.capacity_use[(key, name)] = self.capacity_use.get(
                             (key, name), Fraction(0)
@@ -577,7 +589,8 @@ class _Allocator:
                 if devices is None:
                     devices = self._device_lookup()
                 device = devices.get(key)
-                if device is not None:
+                if device is not None and key not in counted:
+                    counted.add(key)
                     self._consume_counters(key, device, +1)
 
     def _consume_counters(self, key: DeviceKey, device: Obj, sign: int) -> None:
@@ -718,7 +731,7 @@ class _Allocator:
         consumed: dict[str, Fraction] = {}
         for name, cap in capacity.items():
             total = _qty((cap or {}).get("value", "0"))
-            amount = _policy_amount(request.capacity_requests.get(name), cap or {}, total)
+            amount = policy_amount(request.capacity_requests.get(name), cap or {}, total)
             if amount is None:
                 return None
             used = Fraction(0) if static else self.capacity_use.get((c.key, name), Fraction(0))
@@ -756,12 +769,18 @@ class _Allocator:
         self, ci: int, request: _Request, c: _Candidate, must: bool
     ) -> Callable[[], None] | None:
         shared = bool(c.device.get("allowMultipleAllocations")) and self.features.consumable_capacity
-        if not shared and not request.admin_access and (c.key in self.in_use or c.key in self.allocating):
-            return None
+        if not request.admin_access and (c.key in self.in_use or c.key in self.allocating):
+            return None  # in_use holds dedicated allocations only, shareable devices included
         if request.admin_access and any(r[1].key == c.key for r in self.results[ci]):
             return None  # admin access may reuse devices, but not within the same claim
         consumed = self._capacity_for(request, c, False) if shared or request.capacity_requests else {}
-        if consumed is None or not self._counters_fit(c) or not self._tolerated(request, c.device):
+        # A further share of a device already in use does not charge its counters again.
+        charge = not (shared and (c.key in self.shared_in_use or self.sharing.get(c.key)))
+        if (
+            consumed is None
+            or (charge and not self._counters_fit(c))
+            or not self._tolerated(request, c.device)
+        ):
             return None
         constraints = self.claim_data[ci].constraints
         added: list[_Constraint] = []
@@ -777,23 +796,30 @@ class _Allocator:
                     )
                 return None
             added.append(constraint)
-        if not shared and not request.admin_access:
+        # Admin access marks the device too, so that a later ordinary request cannot take it.
+        marked = not shared and c.key not in self.allocating
+        if marked:
             self.allocating.add(c.key)
         if shared:
             for name, amount in consumed.items():
                 self.capacity_use[(c.key, name)] = self.capacity_use.get((c.key, name), Fraction(0)) + amount
-        if not request.admin_access:
+        if charge:
             self._consume_counters(c.key, c.device, +1)
+        if shared:
+            self.sharing[c.key] = self.sharing.get(c.key, 0) + 1
         self.results[ci].append((request, c, consumed if shared else None))
 
         def undo() -> None:
             self.results[ci].pop()
-            if not request.admin_access:
+            if charge:
                 self._consume_counters(c.key, c.device, -1)
+            if shared:
+                self.sharing[c.key] -= 1
             if shared and consumed:
                 for name, amount in consumed.items():
                     self.capacity_use[(c.key, name)] -= amount
-            self.allocating.discard(c.key)
+            if marked:
+                self.allocating.discard(c.key)
             for done in added:
                 done.remove(request.name)
 
@@ -835,12 +861,8 @@ class _Allocator:
                     continue
                 # "Checking for in use is cheap and thus gets done first": an allocated device's
                 # selectors are never evaluated, so a CEL error on it cannot abort scheduling.
-                if (
-                    not request.admin_access
-                    and (candidate.key in self.in_use or candidate.key in self.allocating)
-                    and not (
-                        candidate.device.get("allowMultipleAllocations") and self.features.consumable_capacity
-                    )
+                if not request.admin_access and (
+                    candidate.key in self.in_use or candidate.key in self.allocating
                 ):
                     continue
                 if not self._selectable(claim_name, request, candidate):
@@ -919,8 +941,9 @@ def _format_quantity(value: Fraction) -> str:
     return f"{milli.numerator}m" if milli.denominator == 1 else f"{float(value)}"
 
 
-def _policy_amount(requested: Fraction | None, cap: Obj, total: Fraction) -> Fraction | None:
-    """Consumed amount for one capacity key (``calculateConsumedCapacity``)."""
+def policy_amount(requested: Fraction | None, cap: Obj, total: Fraction) -> Fraction | None:
+    """Consumed amount for one capacity key (``calculateConsumedCapacity``); None when the device's
+    requestPolicy cannot grant ``requested``."""
     policy = cap.get("requestPolicy")
     if requested is None:
         if policy and policy.get("default") is not None:
@@ -987,7 +1010,9 @@ def allocate(
 
 
 def schedule_pod(pod: Obj, claims: list[Obj], snapshot: FleetSnapshot) -> ScheduleResult:
-    """Filter every node in name order; the first that fits wins (no scoring)."""
+    """Filter every node (no scoring): the first fitting node in name order wins, unless some node's
+    Filter fails fatally. The scheduler filters all nodes in parallel and a fatal error aborts the
+    attempt even when another node fits (an ``All`` request on an incomplete pool, a CEL error)."""
     names = sorted(snapshot.nodes) or sorted(
         {(s.get("spec") or {}).get("nodeName", "") for s in snapshot.slices} - {""}
     )
@@ -995,12 +1020,13 @@ def schedule_pod(pod: Obj, claims: list[Obj], snapshot: FleetSnapshot) -> Schedu
     for name in names:
         result = allocate(claims, name, snapshot)
         per_node[name] = result
-        if result.ok:
-            return ScheduleResult(name, "", result.allocations, per_node)
         if result.kind == "error":
             return ScheduleResult(
                 None, f'running "DynamicResources" filter plugin: {result.message}', {}, per_node
             )
+    fitting = next((name for name in names if per_node[name].ok), None)
+    if fitting is not None:
+        return ScheduleResult(fitting, "", per_node[fitting].allocations, per_node)
     histogram: dict[str, int] = {}
     for result in per_node.values():
         histogram[result.message] = histogram.get(result.message, 0) + 1

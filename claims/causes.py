@@ -37,6 +37,7 @@ _LEADS = {
     "class-missing": "ask for a missing device class",
     "too-many": "ask for more than 32 devices",
     "not-created": "have no claim: template claim not created",
+    "unsupported": "use an unsupported API version or feature",
     "fits": "fit now",
     UNDIAGNOSED: "not diagnosed yet",
 }
@@ -235,7 +236,14 @@ def _group_summary(n: int, category: str, rep: Pending) -> str:
     result = rep.result or {}
     lead = f"{n} {_LEADS.get(category, category)}"
     request = blocking_request(result)
-    if request is None or category in ("cel-error", "class-missing", "too-many", "not-created", "fits"):
+    if request is None or category in (
+        "cel-error",
+        "class-missing",
+        "too-many",
+        "not-created",
+        "fits",
+        "unsupported",
+    ):
         return _simple_summary(lead, category, result, rep)
     matching = _matching_groups(request)
     labels = _labels(matching)

@@ -1549,6 +1549,18 @@ def parse_qualified_name(name: str, driver: str) -> tuple[str, str]:
 
 
 def _attribute_value(value: Mapping[str, Any]) -> object:
+    # List values (KEP-6072, DRAListTypeAttributes) become CEL lists, as in the scheduler with the gate on.
+    if "strings" in value:
+        return [str(v) for v in value["strings"] or []]
+    if "bools" in value:
+        return [bool(v) for v in value["bools"] or []]
+    if "ints" in value:
+        return [int(v) for v in value["ints"] or []]
+    if "versions" in value:
+        try:
+            return [parse_semver(str(v)) for v in value["versions"] or []]
+        except SemverError as exc:
+            raise ValueError(f"parse semantic version: {exc}") from None
     if "string" in value:
         return str(value["string"])
     if "bool" in value:

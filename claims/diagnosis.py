@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from claims.allocator import MAX_RESULTS, AllocationResult, allocate
+from claims.allocator import MAX_RESULTS, AllocationResult, allocate, policy_amount
 from claims.cel import (
     CelCompileError,
     CelRuntimeError,
@@ -32,7 +32,7 @@ from claims.cel import (
 )
 from claims.fleetstate import DeviceInfo, DeviceKey, FleetState, claim_results, klog
 from claims.lint import Finding, lint_object, published_names
-from fleet.normalize import mig_compute_slices
+from fleet.normalize import claim_as_v1, mig_compute_slices, unsupported_api_version
 from fleet.quantity import QuantityError, parse_quantity
 
 Obj = dict[str, Any]
@@ -49,6 +49,7 @@ CATEGORIES = (
     "cel-error",
     "too-many",
     "not-created",
+    "unsupported",
 )
 NO_SUCH_KEY_HINT = (
     ". consider using CEL optional chaining (.? followed by orValue()) or guarding the check with has() "
@@ -105,8 +106,17 @@ def _raw_projection(info: DeviceInfo, selector: CompiledSelector) -> Any:
         raw = source.get(f"{domain}/{name}")
         if raw is None and domain == driver:
             raw = source.get(name)
-        values.append(tuple(sorted(raw.items())) if isinstance(raw, dict) else raw)
+        values.append(_hashable(raw))
     return tuple(values)
+
+
+def _hashable(raw: Any) -> Any:
+    """A raw attribute or capacity as a cache key (list-valued attributes hold lists)."""
+    if isinstance(raw, dict):
+        return tuple(sorted((k, _hashable(v)) for k, v in raw.items()))
+    if isinstance(raw, list):
+        return tuple(_hashable(v) for v in raw)
+    return raw
 
 
 def _match(state: FleetState, selector: CompiledSelector, info: DeviceInfo) -> bool:
@@ -235,6 +245,7 @@ class _Req:
     class_selectors: list[CompiledSelector]
     tolerations: list[Obj]
     capacity: dict[str, Fraction]
+    admin: bool = False  # adminAccess: existing allocations do not count (taints and counters do)
 
 
 def _requests_of(claim: Obj) -> list[list[Obj]]:
@@ -426,7 +437,8 @@ class _Context:
             skipped: list[DeviceInfo] = []
             rest: list[DeviceInfo] = []
             for i in batch:
-                in_use = holders.get(i.key) and not i.device.get("allowMultipleAllocations")
+                held = holders.get(i.key)
+                in_use = held and _shares(i, held) is None
                 (skipped if in_use or (i.key[0], i.key[1]) in self.pool_problem else rest).append(i)
             found = self.splits[key] = (skipped, rest)
         return found
@@ -504,6 +516,7 @@ def _make_req(item: Obj, classes: dict[str, Obj]) -> _Req:
             k: parse_quantity(str(v)).value
             for k, v in ((spec.get("capacity") or {}).get("requests") or {}).items()
         },
+        admin=bool(spec.get("adminAccess")),
     )
 
 
@@ -548,7 +561,7 @@ def _analyze(ctx: _Context, req: _Req, nodes: set[str] | None) -> _Analysis:
             rep = batch[0]
             outcome, evaluated, error = _selector_outcome(ctx, req, rep)
             state.saved += evaluated * (len(batch) - 1)
-            if error is not None and not req.all_mode:
+            if error is not None and not req.all_mode and not req.admin:
                 # The allocator skips devices in use and pools it cannot use before evaluating selectors.
                 skipped, batch = ctx.split_skipped(batch)
                 if skipped:
@@ -613,7 +626,7 @@ def _record(
     if req.capacity or len(batch) == 1:
         summary = _summarize(ctx, req, batch, holders)
     else:  # whole signature group: the outcome depends only on the fleet state and the tolerations
-        key = (rep.sig, len(batch), batch[0].key, batch[-1].key, repr(req.tolerations))
+        key = (rep.sig, len(batch), batch[0].key, batch[-1].key, repr((req.tolerations, req.admin)))
         cached = ctx.summaries.get(key)
         if cached is None:
             cached = ctx.summaries[key] = _summarize(ctx, req, batch, holders)
@@ -666,22 +679,60 @@ def _summarize(
     return summary
 
 
+def _shares(info: DeviceInfo, held: list[Obj]) -> list[Obj] | None:
+    """The results of ``held`` on a shareable device, or None when one of them holds it whole (a result
+    without shareID is dedicated, whatever the device allows: the scheduler's allocateddevices.go)."""
+    if not info.device.get("allowMultipleAllocations"):
+        return None
+    out = []
+    for claim in held:
+        for r in claim_results(claim):
+            if (r.get("driver"), r.get("pool"), r.get("device")) == info.key and not r.get("adminAccess"):
+                if not r.get("shareID"):
+                    return None
+                out.append(r)
+    return out
+
+
+def _capacity_left(req: _Req, info: DeviceInfo, shares: list[Obj]) -> str:
+    """CAPACITY when the device cannot serve the request at all (missing capacity, over its
+    requestPolicy), ALLOCATED when its shares leave too little, else FREE (``_capacity_for``)."""
+    caps = info.device.get("capacity") or {}
+    if any(name not in caps for name in req.capacity):
+        return CAPACITY
+    shareable = bool(info.device.get("allowMultipleAllocations"))
+    for name, cap in caps.items():
+        if not shareable and name not in req.capacity:
+            continue
+        total = parse_quantity(str((cap or {}).get("value", "0"))).value
+        amount = policy_amount(req.capacity.get(name), cap or {}, total)
+        if amount is None or amount > total:
+            return CAPACITY
+        used = sum(
+            (parse_quantity(str((r.get("consumedCapacity") or {}).get(name, "0"))).value for r in shares),
+            Fraction(0),
+        )
+        if used + amount > total:
+            return ALLOCATED
+    return FREE
+
+
 def _state_outcome(
     ctx: _Context, req: _Req, info: DeviceInfo, group: _Group, holders: dict[DeviceKey, list[Obj]]
 ) -> str:
-    caps = info.device.get("capacity") or {}
-    for name, amount in req.capacity.items():
-        if name not in caps or parse_quantity(str(caps[name].get("value", "0"))).value < amount:
-            return CAPACITY
+    if req.capacity and _capacity_left(req, info, []) == CAPACITY:
+        return CAPACITY
     problem = ctx.pool_problem.get((info.key[0], info.key[1]))
     if problem:
         group.pool_problems.add(problem)
         return POOL
-    held = holders.get(info.key)
-    if held and not info.device.get("allowMultipleAllocations"):
-        for claim in held:
-            group.holders[str(id(claim))] = claim
-        return ALLOCATED
+    held = None if req.admin else holders.get(info.key)
+    if held:
+        shares = _shares(info, held)
+        if shares is None or _capacity_left(req, info, shares) != FREE:
+            for claim in held:
+                group.holders[str(id(claim))] = claim
+            return ALLOCATED
     untolerated = _untolerated(info.device, req.tolerations)
     if untolerated:
         for t in untolerated:
@@ -743,7 +794,9 @@ def _place(
             fits[node] = result
     order = all_nodes if candidates is None else sorted(candidates & set(all_nodes))
     for node in order:
-        if fits and node > min(fits):
+        # With an All request every node is tried: one can fail fatally (incomplete pool, more than 32
+        # devices) after another fits, and the scheduler's parallel Filter aborts then.
+        if fits and node > min(fits) and not all_mode:
             break
         if node in error_nodes:
             continue
@@ -753,7 +806,8 @@ def _place(
             return None, result, tried
         if result.ok:
             fits[node] = result
-            break
+            if not all_mode:
+                break
     if fits:
         first = min(fits)
         return first, fits[first], tried
@@ -861,7 +915,13 @@ def prepare(state: FleetState) -> FleetState:
     holders = state.holders()
     for members in state.signature_groups():
         if len(members) > 1:
-            key = (members[0].sig, len(members), members[0].key, members[-1].key, repr(plain.tolerations))
+            key = (
+                members[0].sig,
+                len(members),
+                members[0].key,
+                members[-1].key,
+                repr((plain.tolerations, plain.admin)),
+            )
             if key not in ctx.summaries:
                 ctx.summaries[key] = _summarize(ctx, plain, members, holders)
     return state
@@ -875,6 +935,15 @@ def diagnose(state: FleetState, obj: Obj, pods_in: Callable[[str], bool] | None 
     diagnosed as no pod used it, like a template. What-if passes the user's visibility here."""
     if obj.get("kind") == "Pod":
         return _diagnose_pod(state, obj)
+    unsupported = unsupported_api_version(obj)
+    if unsupported:
+        return Diagnosis(
+            "unsupported",
+            f"{obj.get('kind', 'Object')} {klog(obj)}: {unsupported}.",
+            claim=klog(obj),
+            suggestions=["Write the claim for resource.k8s.io/v1 (or v1beta2/v1beta1)."],
+        )
+    obj = claim_as_v1(obj)
     claim = _claim_from(obj)
     pods: list[Obj] = []
     if obj.get("kind") == "ResourceClaim":
@@ -941,9 +1010,127 @@ def _diagnose_pod(state: FleetState, pod: Obj) -> Diagnosis:
             )
         claims.append(claim)
     pending = [c for c in claims if not claim_results(c)]
+    extended = extended_resource_claim(state, pod)
+    if extended is not None:
+        pending.append(extended)  # the scheduler allocates it together with the pod's own claims
     if not pending:
         return Diagnosis("fits", f"All claims of pod {ns}/{name} are allocated.", pod=f"{ns}/{name}")
     return _diagnose_claim(state, pending[0], pod, lint_object(pending[0], state), others=pending[1:])
+
+
+EXTENDED_CLAIM_NAME = "<extended-resources>"  # the scheduler's in-memory name (specialClaimInMemName)
+IMPLICIT_CLASS_PREFIX = "deviceclass.resource.kubernetes.io/"
+
+
+def _class_for_resources(state: FleetState) -> dict[str, str]:
+    """Extended resource name -> DeviceClass (``extendedResourceName``; on a clash the newest class, then
+    the lower name, as the scheduler's extended resource cache), plus the implicit
+    ``deviceclass.resource.kubernetes.io/<class>`` of every class."""
+    out: dict[str, str] = {}
+    chosen: dict[str, tuple[str, str]] = {}
+    for device_class in state.objects["DeviceClass"]:
+        meta = device_class.get("metadata") or {}
+        name = str(meta.get("name", ""))
+        out[IMPLICIT_CLASS_PREFIX + name] = name
+        resource = (device_class.get("spec") or {}).get("extendedResourceName")
+        if not resource:
+            continue
+        created = str(meta.get("creationTimestamp") or "")
+        best = chosen.get(resource)
+        if best is None or created > best[0] or (created == best[0] and name < best[1]):
+            chosen[resource] = (created, name)
+    out.update({resource: name for resource, (_, name) in chosen.items()})
+    return out
+
+
+def _container_count(container: Obj, resource: str) -> int:
+    resources = container.get("resources") or {}
+    # The API server defaults an extended resource's request to its limit; a pasted pod may have only that.
+    raw = (resources.get("requests") or {}).get(resource, (resources.get("limits") or {}).get(resource))
+    if raw is None:
+        return 0
+    try:
+        value = parse_quantity(str(raw)).value
+    except QuantityError:
+        return 0
+    return int(value) if value.denominator == 1 else 0
+
+
+def _container_request(
+    index: int, container: Obj, resource: str, class_name: str, reusable: list[Obj | None]
+) -> Obj | None:
+    """``createResourceRequestAndMappings``: the request a container adds for ``resource`` (None when the
+    requests it may reuse already cover it). Named container-<index>-request-<index of the resource among
+    the container's sorted requests>."""
+    wanted = _container_count(container, resource)
+    if not wanted:
+        return None
+    covered = 0
+    for other in reusable:
+        if other is not None:
+            covered += int(other["exactly"]["count"])
+            if covered >= wanted:
+                return None
+    resources = container.get("resources") or {}
+    names = sorted({*(resources.get("requests") or {}), *(resources.get("limits") or {})})
+    return {
+        "name": f"container-{index}-request-{names.index(resource)}",
+        "exactly": {"deviceClassName": class_name, "allocationMode": "ExactCount", "count": wanted - covered},
+    }
+
+
+def extended_resource_claim(state: FleetState, pod: Obj) -> Obj | None:
+    """The claim the scheduler builds for a pod's DRA extended resources (``nvidia.com/gpu: 1`` backed by a
+    DeviceClass with that ``extendedResourceName``), or None when there is none or it is already allocated.
+    A port of ``createRequestsAndMappings`` (extendeddynamicresources.go). Nodes that offer the resource
+    through a device plugin (node allocatable) are not told apart: the diagnosis assumes DRA everywhere."""
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    status_name = ((pod.get("status") or {}).get("extendedResourceClaimStatus") or {}).get(
+        "resourceClaimName"
+    )
+    if status_name:
+        existing = state.find("ResourceClaim", str(meta.get("namespace", "")), str(status_name))
+        if existing is not None and claim_results(existing):
+            return None
+    classes = _class_for_resources(state)
+    init = list(spec.get("initContainers") or [])
+    containers = [*init, *(spec.get("containers") or [])]
+    wanted = sorted(
+        {
+            resource
+            for c in containers
+            for part in ("requests", "limits")
+            for resource in ((c.get("resources") or {}).get(part) or {})
+            if resource in classes
+        }
+    )
+    requests: list[Obj] = []
+    for resource in wanted:
+        long_lived = [
+            i for i, c in enumerate(containers) if i >= len(init) or c.get("restartPolicy") == "Always"
+        ]
+        short_lived = [i for i in range(len(init)) if i not in long_lived]
+        per_container: list[Obj | None] = [None] * len(containers)
+        for i in long_lived:
+            per_container[i] = _container_request(i, containers[i], resource, classes[resource], [])
+        biggest: Obj | None = None
+        for i in short_lived:
+            request = _container_request(i, containers[i], resource, classes[resource], per_container[i:])
+            if request is not None and (
+                biggest is None or biggest["exactly"]["count"] < request["exactly"]["count"]
+            ):
+                biggest = request
+        requests += [r for r in ([biggest] if biggest else []) + per_container if r is not None]
+    if not requests:
+        return None
+    requests.sort(key=lambda r: str(r["name"]))
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"namespace": meta.get("namespace", ""), "name": EXTENDED_CLAIM_NAME},
+        "spec": {"devices": {"requests": requests}},
+    }
 
 
 def _scheduled_message(pod: Obj | None) -> str:
@@ -1012,7 +1199,24 @@ def _diagnose_claim(
         base.category = "fits"
         base.summary = f"{name} requests no devices: there is nothing to allocate."
         return base
-    # 4. per-device analysis + allocator replay
+    # 4. class selectors: stored classes are not re-validated, the allocator aborts on them (isSelectable)
+    for alternatives in requests:
+        for item in alternatives:
+            cname = item["spec"].get("deviceClassName", "")
+            for i, expression in enumerate(_selectors(classes[cname].get("spec") or {})):
+                try:
+                    compile_selector(expression)
+                except CelCompileError as exc:
+                    base.category = "cel-error"
+                    base.summary = f"Selector #{i} of device class {cname} does not compile: {exc.message}"
+                    base.scheduler_message = (
+                        f'running "DynamicResources" filter plugin: class {cname}: selector #{i}: '
+                        f"CEL compile error: {exc.message}"
+                    )
+                    base.requests = [{"name": item["name"], "expression": expression, "error": exc.message}]
+                    base.suggestions = [f"Fix DeviceClass {cname}: every claim using it fails to schedule."]
+                    return base
+    # 5. per-device analysis + allocator replay
     ctx = _Context.of(state)
     nodes = _pod_nodes(state, pod)
     analyses = [[_analyze(ctx, _make_req(item, classes), nodes) for item in alts] for alts in requests]
@@ -1023,9 +1227,34 @@ def _diagnose_claim(
     if result is not None and result.kind == "error":
         return _error(base, claim, result.message, analyses)
     base.scheduler_message = "cannot allocate all claims"
+    invalid = _invalid_pools(state, ctx, nodes)
+    if invalid:
+        # allocator: "invalid resource pools were encountered" when nothing fits on a node with one
+        base.scheduler_message = "invalid resource pools were encountered"
+        base.category = "pool"
+        base.summary = (
+            "The scheduler rejects the node(s) because of invalid resource pools: "
+            + "; ".join(invalid[:3])
+            + "."
+        )
+        base.suggestions = ["Fix the driver's ResourceSlices (each device name once per pool)."]
+        return base
     return _unschedulable(
-        base, analyses, list(((claim.get("spec") or {}).get("devices") or {}).get("constraints") or [])
+        base,
+        analyses,
+        list(((claim.get("spec") or {}).get("devices") or {}).get("constraints") or []),
+        len(others or []),
     )
+
+
+def _invalid_pools(state: FleetState, ctx: _Context, nodes: set[str] | None) -> list[str]:
+    """Problems of invalid pools with devices on the nodes the pod may use (all nodes when None)."""
+    found = set()
+    for info in state.devices():
+        problem = ctx.pool_problem.get((info.key[0], info.key[1]), "")
+        if " is invalid: " in problem and (nodes is None or not info.node or info.node in nodes):
+            found.add(problem)
+    return sorted(found)
 
 
 def _fits(
@@ -1124,7 +1353,10 @@ def _fmt_groups(groups: Iterable[_Group]) -> str:
     return ", ".join(f"{g.total} {_group_label(g)}" for g in groups)
 
 
-def _unschedulable(base: Diagnosis, analyses: list[list[_Analysis]], constraints: list[Obj]) -> Diagnosis:
+def _unschedulable(
+    base: Diagnosis, analyses: list[list[_Analysis]], constraints: list[Obj], others: int = 0
+) -> Diagnosis:
+    """``others``: how many more claims of the pod must fit on the same node."""
     # The first spec request none of whose alternatives has enough free devices explains the claim.
     blocking = next(
         (alts for alts in analyses if all(a.count(FREE) < a.needed for a in alts)),
@@ -1132,6 +1364,20 @@ def _unschedulable(base: Diagnosis, analyses: list[list[_Analysis]], constraints
     )
     if blocking is None:
         a = analyses[0][0]
+        whole = next(
+            (x for alts in analyses for x in alts if x.req.all_mode and x.matching > x.count(FREE)), None
+        )
+        if whole is not None:
+            return _all_mode_blocked(base, whole)
+        if others:
+            base.category = "capacity"
+            base.summary = (
+                f"{base.claim} could get its devices ({a.count(FREE)} free match request {a.req.name}), but "
+                f"not together with the pod's {others} other claim(s) on one node: they compete for the "
+                "same devices or GPUs."
+            )
+            base.suggestions = ["Free devices on one node, or ask for fewer devices across the pod's claims."]
+            return base
         if constraints:
             base.category = "constraint"
             base.summary = _constraint_summary(base, analyses, constraints)
@@ -1139,14 +1385,22 @@ def _unschedulable(base: Diagnosis, analyses: list[list[_Analysis]], constraints
                 "Relax matchAttribute/distinctAttribute, or lower count so one attribute value can hold it."
             ]
         else:
-            best = max(a.free_by_node.values(), default=0)
+            best = max((n for node, n in a.free_by_node.items() if node), default=0)
             base.category = "capacity"
-            base.summary = (
-                f"Request {a.req.name} needs {a.needed} devices on one node: {a.count(FREE)} free devices "
-                "match, "
-                f"but at most {best} on any single node."
-            )
-            base.suggestions = ["Lower the count, or free devices on one node (drain a node's smaller jobs)."]
+            if a.free_by_node.get(""):
+                base.summary = (
+                    f"Request {a.req.name} needs {a.needed}: {a.free_by_node['']} matching devices are free "
+                    "in node-less slices (allNodes, nodeSelector), but no node the pod can use reaches them."
+                )
+                base.suggestions = ["Check the slices' nodeSelector against the nodes' labels."]
+            else:
+                base.summary = (
+                    f"Request {a.req.name} needs {a.needed} devices on one node: {a.count(FREE)} free "
+                    f"devices match, but at most {best} on any single node."
+                )
+                base.suggestions = [
+                    "Lower the count, or free devices on one node (drain a node's smaller jobs)."
+                ]
         return base
     # Prefer the first alternative that has matching devices (firstAvailable order).
     a = next((x for x in blocking if x.matching > 0), blocking[0])
@@ -1162,6 +1416,12 @@ def _unschedulable(base: Diagnosis, analyses: list[list[_Analysis]], constraints
             (g for g in a.groups.values() if g.miss), key=lambda g: (-g.total, g.model, g.profile)
         )[:3]
         near = "; ".join(f"{g.miss[1]} on {g.total} {_group_label(g)}" for g in misses if g.miss)
+        short = a.count(CAPACITY)
+        if short and not near:
+            near = (
+                f"{short} devices pass the selectors but cannot serve capacity.requests (capacity missing, "
+                "too small, or outside the device's requestPolicy)"
+            )
         base.summary = f"No device in the fleet matches request {a.req.name}" + (
             f": {near}." if near else "."
         )
@@ -1221,13 +1481,24 @@ def _unschedulable(base: Diagnosis, analyses: list[list[_Analysis]], constraints
     every, holders = held.every, held.oldest[:3]
     named = ", ".join(klog(c) for c in holders) + (f" and {len(every) - 3} more" if len(every) > 3 else "")
     base.category = "capacity"
+    blocked = (
+        f", {counters_blocked} blocked by their GPU's shared counters (another partition of it is in use)"
+        if counters_blocked
+        else ""
+    )
     base.summary = (
         f"Request {a.req.name} needs {a.needed}: {a.matching} devices match "
         f"({_fmt_groups(matching_groups)}), "
-        f"{a.count(FREE)} free" + (f"; held by {named} (oldest first)." if named else ".")
+        f"{a.count(FREE)} free{blocked}" + (f"; held by {named} (oldest first)." if named else ".")
     )
     unreserved = held.unreserved[:HOLDERS_SHOWN]
-    base.suggestions = ["Wait for a holder to finish, or free devices held by the oldest claims."]
+    base.suggestions = (
+        ["Wait for a holder to finish, or free devices held by the oldest claims."]
+        if every
+        else ["Free a partition of the same GPU, or ask for a device that does not share its counters."]
+        if counters_blocked
+        else []
+    )
     if unreserved:
         base.suggestions.insert(
             0,
@@ -1235,6 +1506,34 @@ def _unschedulable(base: Diagnosis, analyses: list[list[_Analysis]], constraints
             + ", ".join(klog(c) for c in unreserved[:3])
             + "; deleting them frees their devices.",
         )
+    return base
+
+
+def _all_mode_blocked(base: Diagnosis, a: _Analysis) -> Diagnosis:
+    """An ``All`` request gets every matching device of a node or nothing: name what keeps the others."""
+    held = a.ctx.holders_of(a.groups.values())
+    every, holders = held.every, held.oldest[:3]
+    named = ", ".join(klog(c) for c in holders) + (f" and {len(every) - 3} more" if len(every) > 3 else "")
+    reasons = [
+        f"{n} {what}"
+        for n, what in (
+            (a.count(ALLOCATED), "allocated"),
+            (a.count(TAINT), "tainted"),
+            (a.count(COUNTERS), "blocked by shared counters"),
+        )
+        if n
+    ]
+    base.category = "taint" if not every and a.count(TAINT) else "capacity"
+    base.summary = (
+        f"Request {a.req.name} asks for all matching devices of a node ({a.matching} match), and gets none "
+        f"unless all are usable: {', '.join(reasons)}"
+        + (f"; held by {named} (oldest first)." if named else ".")
+    )
+    base.suggestions = (
+        ["Wait for the holders to finish, or use allocationMode ExactCount with a count."]
+        if every
+        else ["Use allocationMode ExactCount with a count, or tolerate the devices' taints."]
+    )
     return base
 
 

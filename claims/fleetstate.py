@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 
 from claims.allocator import FleetSnapshot
-from fleet.normalize import model_family
+from fleet.normalize import model_family, object_as_v1
 from fleet.snapshot import read_files
 
 Obj = dict[str, Any]
@@ -85,7 +85,8 @@ class FleetState:
         for obj in objs:
             kind = obj.get("kind")
             if kind in state.objects:
-                state.objects[str(kind)].append(obj)
+                # Files may hold v1beta1 objects (kubectl of an older cluster, a driver's quickstart).
+                state.objects[str(kind)].append(object_as_v1(obj))
         return state
 
     @classmethod
@@ -404,8 +405,10 @@ def _pick(obj: Any, keys: frozenset[str]) -> Any:
 # Allocated claims: who holds which device since when (status.allocation.devices, reservedFor).
 _META = frozenset({"name", "namespace", "uid", "creationTimestamp"})
 _LEAN_TOP = frozenset({"kind", "metadata", "spec", "status"})
-_POD_SPEC = frozenset({"nodeName", "nodeSelector", "resourceClaims"})
-_POD_STATUS = frozenset({"phase", "conditions", "resourceClaimStatuses"})
+_POD_SPEC = frozenset({"nodeName", "nodeSelector", "resourceClaims", "containers", "initContainers"})
+_POD_STATUS = frozenset({"phase", "conditions", "resourceClaimStatuses", "extendedResourceClaimStatus"})
+# Of a container: what decides its DRA extended resource requests (claims.diagnosis.extended_resource_claim).
+_CONTAINER = frozenset({"name", "resources", "restartPolicy"})
 _CLAIM_STATUS = frozenset({"allocation", "reservedFor"})
 _ALLOCATION = frozenset({"devices"})
 _NODE_META = frozenset({"name", "labels"})
@@ -431,7 +434,13 @@ def lean_object(obj: Obj, shared: dict[Any, Any]) -> Obj:
         return {k: v for k, v in obj.items() if k in _LEAN_TOP}
     if kind == "Pod":
         parts = {"metadata": _META, "spec": _POD_SPEC, "status": _POD_STATUS}
-        return {k: _pick(v, parts[k]) if k in parts else v for k, v in obj.items() if k in _LEAN_TOP}
+        lean = {k: _pick(v, parts[k]) if k in parts else v for k, v in obj.items() if k in _LEAN_TOP}
+        spec = lean.get("spec")
+        if isinstance(spec, dict):
+            for key in ("containers", "initContainers"):
+                if isinstance(spec.get(key), list):
+                    spec[key] = [_pick(c, _CONTAINER) for c in spec[key]]
+        return lean
     if kind == "ResourceClaim":
         status = obj.get("status")
         if not (isinstance(status, dict) and status.get("allocation")):

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import copy
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -705,6 +706,81 @@ def _without_nulls(value: Any, r: _Reader) -> Any:
     return top
 
 
+# resource.k8s.io versions whose claims and templates we read. v1beta1 puts the device fields on the request,
+# v1beta2 and v1 under "exactly". v1alpha2 is classic DRA (gone in 1.32) and v1alpha3 claims are not served
+# by 1.37; the API server accepts neither, so neither is guessed at.
+CLAIM_VERSIONS = ("resource.k8s.io/v1", "resource.k8s.io/v1beta2", "resource.k8s.io/v1beta1")
+_V1BETA1_DEVICE_FIELDS = (
+    "deviceClassName",
+    "selectors",
+    "allocationMode",
+    "count",
+    "adminAccess",
+    "tolerations",
+    "capacity",
+)
+
+
+def unsupported_api_version(obj: dict[str, Any]) -> str:
+    """Why a claim or template of this ``apiVersion`` cannot be read ("" when it can; no apiVersion is
+    read as v1)."""
+    version = obj.get("apiVersion")
+    if version is None or version in CLAIM_VERSIONS:
+        return ""
+    if version == "resource.k8s.io/v1alpha2":
+        return (
+            "resource.k8s.io/v1alpha2 is classic DRA (resource classes, removed in Kubernetes 1.32): "
+            f"not supported; rewrite it for {CLAIM_VERSIONS[0]}"
+        )
+    return f"apiVersion {version!r} is not supported: use one of {', '.join(CLAIM_VERSIONS)}"
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def claim_as_v1(obj: dict[str, Any]) -> dict[str, Any]:
+    """A ResourceClaim or ResourceClaimTemplate of a supported version (see :func:`unsupported_api_version`)
+    in the ``resource.k8s.io/v1`` shape: v1beta1's request-level device fields move under ``exactly``.
+    Returns ``obj`` itself when nothing changes."""
+    if obj.get("apiVersion") != "resource.k8s.io/v1beta1":
+        return obj
+    out = copy.deepcopy(obj)
+    out["apiVersion"] = "resource.k8s.io/v1"
+    spec = _dict(out.get("spec"))
+    if out.get("kind") == "ResourceClaimTemplate":
+        spec = _dict(spec.get("spec"))
+    for request in _dict(spec.get("devices")).get("requests") or []:
+        if not isinstance(request, dict) or "exactly" in request or request.get("firstAvailable"):
+            continue
+        exactly = {k: request.pop(k) for k in _V1BETA1_DEVICE_FIELDS if k in request}
+        request.pop("firstAvailable", None)
+        request["exactly"] = exactly
+    return out
+
+
+def object_as_v1(obj: dict[str, Any]) -> dict[str, Any]:
+    """A ``resource.k8s.io/v1beta1`` ResourceSlice (devices wrapped in ``basic``), ResourceClaim or
+    ResourceClaimTemplate in the v1 shape; any other object as it is."""
+    if obj.get("apiVersion") != "resource.k8s.io/v1beta1":
+        return obj
+    if obj.get("kind") in CLAIM_KINDS:
+        return claim_as_v1(obj)
+    if obj.get("kind") != "ResourceSlice":
+        return obj
+    out = copy.deepcopy(obj)
+    out["apiVersion"] = "resource.k8s.io/v1"
+    spec = _dict(out.get("spec"))
+    if isinstance(spec.get("devices"), list):
+        spec["devices"] = [
+            {"name": d.get("name"), **d["basic"]}
+            if isinstance(d, dict) and isinstance(d.get("basic"), dict)
+            else d
+            for d in spec["devices"]
+        ]
+    return out
+
+
 def clean_pasted_claim(obj: Any) -> dict[str, Any]:
     """A ResourceClaim or ResourceClaimTemplate that did not come from an API server (pasted into "Will it
     fit?", posted to ``/api/v1/whatif``), as lint and diagnosis may read it: a copy without null fields
@@ -730,6 +806,9 @@ def check_claim_object(obj: Any) -> ClaimSpec:
         raise r.fail("", "expected an object")
     if kind not in CLAIM_KINDS:
         raise r.fail("kind", f"expected one of {', '.join(CLAIM_KINDS)}")
+    unsupported = unsupported_api_version(obj)
+    if unsupported:
+        raise r.fail("apiVersion", unsupported)
     md = r.mapping(obj.get("metadata"), "metadata")
     r.string(md.get("name"), "metadata.name", max_len=253)
     r.string(md.get("uid"), "metadata.uid", max_len=128)

@@ -8,7 +8,9 @@ batch can be scheduled at once.
 
 from __future__ import annotations
 
+import copy
 import random
+import uuid
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -55,6 +57,12 @@ class Case:
     held: list[Obj]  # results of the pre-allocated claim ({request, driver, pool, device})
     requests: list[Obj]
     constraints: list[Obj] = field(default_factory=list)
+    # resource.k8s.io version the template is created with (v1beta1 moves request fields up a level)
+    api_version: str = "v1"
+    # further claims of the pod (each one template of one request)
+    extra_requests: list[Obj] = field(default_factory=list)
+    # DRA extended resource: the pod asks for nvidia.com/gpu in its limits instead of a claim
+    extended: int = 0
 
     @property
     def name(self) -> str:
@@ -127,7 +135,12 @@ def _hold(rng: random.Random, slices: list[Obj]) -> list[Obj]:
     return held
 
 
-def make_case(rng: random.Random, index: int) -> Case:
+def make_case(rng: random.Random, index: int, seed: int | None = None, number: int | None = None) -> Case:
+    """Case ``index``; with ``seed`` the features added after the first version of the generator are
+    drawn from their own stream (seed, index), so the main stream and old cases stay as they were.
+    ``number`` renames the case (nodes, label) without changing what it holds."""
+    drawn = index
+    index = drawn if number is None else number
     nodes: list[Obj] = []
     slices: list[Obj] = []
     tainted = False
@@ -160,7 +173,179 @@ def make_case(rng: random.Random, index: int) -> Case:
     if rng.random() < 0.2:
         attr = rng.choice(CONSTRAINTS)
         constraints.append({"matchAttribute": attr} if rng.random() < 0.7 else {"distinctAttribute": attr})
-    return Case(index, nodes, slices, held, requests, constraints)
+    case = Case(index, nodes, slices, held, requests, constraints)
+    if seed is not None:
+        _more_features(random.Random(f"{seed}/{drawn}"), case, seed, drawn)
+    return case
+
+
+LIST_SELECTORS = (
+    f"0 in {GPU}.numaNode",
+    f"{GPU}.numaNode.exists(n, n >= 1)",
+    "device.driver == 'gpu.nvidia.com'",
+)
+
+
+def _more_features(x: random.Random, case: Case, seed: int, drawn: int) -> None:
+    """1.37 features beyond the first generator: list-valued attributes, admin access, several claims per
+    pod, DRA extended resources, v1beta1/v1beta2 templates, NoExecute taints, the 32-device limit."""
+    if x.random() < 0.1:  # the NVIDIA driver publishes numaNode as a list with DRAListTypeAttributes on
+        for s in case.slices:
+            for k, d in enumerate(s["spec"].get("devices") or []):
+                d.setdefault("attributes", {})["numaNode"] = {"ints": [k % 2, k % 2 + 1]}
+        for req in case.requests:
+            if req.get("exactly") and x.random() < 0.7:
+                req["exactly"].setdefault("selectors", []).append(
+                    {"cel": {"expression": x.choice(LIST_SELECTORS)}}
+                )
+    for s in case.slices:
+        for d in s["spec"].get("devices") or []:
+            for t in d.get("taints") or []:
+                if x.random() < 0.3:
+                    t["effect"] = "NoExecute"
+    if x.random() < 0.03:  # All over more than 32 MIG devices: the claim limit aborts scheduling
+        name = case.nodes[0]["metadata"]["name"]
+        model = x.choice(("H100", "H200", "B200"))
+        case.nodes[0] = nvidia.node_object(name, model, gpus=5, labels={CASE_LABEL: str(case.index)})
+        case.slices = [s for s in case.slices if s["spec"]["nodeName"] != name] + nvidia.node_slices(
+            name, model, mode="static-mig", layout="all-1g", gpus=5
+        )
+        case.held = []
+        case.requests = [nvidia.exactly_request("r0", "mig.nvidia.com", allocation_mode="All")]
+        case.constraints = []
+    roll = x.random()
+    if roll < 0.08:
+        exact = [r for r in case.requests if r.get("exactly")]
+        if exact:
+            exact[0]["exactly"]["adminAccess"] = True
+    elif roll < 0.16:
+        case.extra_requests = [
+            nvidia.exactly_request("extra", x.choice(("gpu.nvidia.com", "mig.nvidia.com")), 1)
+            for _ in range(x.choice((1, 2)))
+        ]
+    elif roll < 0.24:
+        case.extended = x.choice((1, 1, 2))
+    roll = x.random()
+    if roll < 0.08:
+        case.api_version = "v1beta1"
+    elif roll < 0.14:
+        case.api_version = "v1beta2"
+    # Features added later draw from their own streams, so that the cases above stay as they were found.
+    x = random.Random(f"{seed}/{drawn}/shared")
+    if x.random() < 0.08:
+        _share_devices(x, case)
+    x = random.Random(f"{seed}/{drawn}/node-less")
+    roll = x.random()
+    if roll < 0.09:  # a node-less pool (nodeSelector): on the case's nodes, or (1 in 3) on none
+        pool = f"d{case.index}-fabric"
+        gpu_model = nvidia.MODELS[x.choice(MODELS)]
+        label = str(case.index) if roll < 0.06 else "nowhere"
+        selector = {
+            "nodeSelectorTerms": [
+                {"matchExpressions": [{"key": CASE_LABEL, "operator": "In", "values": [label]}]}
+            ]
+        }
+        case.slices.append(
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceSlice",
+                "metadata": {"name": f"{pool}-0"},
+                "spec": {
+                    "driver": "gpu.nvidia.com",
+                    "pool": {"name": pool, "generation": 1, "resourceSliceCount": 1},
+                    "nodeSelector": selector,
+                    "devices": [nvidia.gpu_device(pool, gpu_model, k) for k in range(x.choice((1, 2)))],
+                },
+            }
+        )
+
+
+def _share_devices(x: random.Random, case: Case) -> None:
+    """Consumable capacity: the first node's full GPUs (those without counters) allow multiple allocations
+    of their memory (1Gi steps), the held devices among them are held as shares, and requests for full GPUs
+    ask for some memory."""
+    name = case.nodes[0]["metadata"]["name"]
+    shared: set[str] = set()
+    for s in case.slices:
+        if s["spec"].get("nodeName") != name:
+            continue
+        for d in s["spec"].get("devices") or []:
+            if d.get("consumesCounters") or "profile" in (d.get("attributes") or {}):
+                continue
+            d["allowMultipleAllocations"] = True
+            d["capacity"]["memory"]["requestPolicy"] = {
+                "default": "10Gi",
+                "validRange": {"min": "1Gi", "step": "1Gi"},
+            }
+            shared.add(d["name"])
+    for h in case.held:
+        if h["device"] in shared:
+            h["shareID"] = str(uuid.UUID(int=x.getrandbits(128), version=4))
+            h["consumedCapacity"] = {"memory": x.choice(("10Gi", "40Gi", "70Gi"))}
+    for req in case.requests:
+        exact = req.get("exactly") or {}
+        if exact.get("deviceClassName") == "gpu.nvidia.com" and x.random() < 0.7:
+            exact["capacity"] = {"requests": {"memory": x.choice(("5Gi", "20Gi", "40Gi", "75Gi"))}}
+
+
+def as_api_version(template: Obj, version: str) -> Obj:
+    """``template`` (v1 shape) as ``resource.k8s.io/<version>`` would take it."""
+    out = copy.deepcopy(template)
+    out["apiVersion"] = f"resource.k8s.io/{version}"
+    if version == "v1beta1":
+        for req in out["spec"]["spec"]["devices"]["requests"]:
+            req.update(req.pop("exactly", {}))
+    return out
+
+
+def _specs(case: Case) -> list[Obj]:
+    out: list[Obj] = []
+    for req in case.requests:
+        out += req.get("firstAvailable") or [req.get("exactly") or {}]
+    return out
+
+
+def case_features(case: Case) -> set[str]:
+    """What a case exercises, for the per-feature agreement figures."""
+    specs = _specs(case)
+    devices = [d for s in case.slices for d in s["spec"].get("devices") or []]
+    found = {"all"}
+    checks = {
+        "list-attributes": any("numaNode" in (d.get("attributes") or {}) for d in devices),
+        "no-execute-taint": any(
+            t.get("effect") == "NoExecute" for d in devices for t in d.get("taints") or []
+        ),
+        "claim-limit": any(
+            sum(len(s["spec"].get("devices") or []) for s in case.slices if s["spec"].get("nodeName") == n)
+            > 32
+            for n in case.node_names()
+        )
+        and any(s.get("allocationMode") == "All" for s in specs),
+        "several-claims": bool(case.extra_requests),
+        "shared-device": any(d.get("allowMultipleAllocations") for d in devices),
+        "node-less-pool": any(not s["spec"].get("nodeName") for s in case.slices),
+        "extended-resource": case.extended > 0,
+        f"api-{case.api_version}": True,
+        "first-available": any(r.get("firstAvailable") for r in case.requests),
+        "all-mode": any(s.get("allocationMode") == "All" for s in specs),
+        "capacity-request": any(s.get("capacity") for s in specs),
+        "admin-access": any(s.get("adminAccess") for s in specs),
+        "selector-error": any(ERROR_SELECTOR in str(s.get("selectors")) for s in specs),
+        "constraint": bool(case.constraints),
+        "held": bool(case.held),
+        "two-nodes": len(case.nodes) > 1,
+        "taint": any(d.get("taints") for d in devices),
+        "tolerated": any(s.get("tolerations") for s in specs),
+        "mig": any("profile" in (d.get("attributes") or {}) for d in devices),
+        "partitionable": any(d.get("consumesCounters") for d in devices),
+        "incomplete-pool": any(
+            sum(1 for t in case.slices if t["spec"]["pool"]["name"] == s["spec"]["pool"]["name"])
+            != s["spec"]["pool"]["resourceSliceCount"]
+            for s in case.slices
+        ),
+        "two-requests": len(case.requests) > 1,
+    }
+    return found | {name for name, on in checks.items() if on}
 
 
 # ------------------------------------------------------------------------------------------ validator
@@ -203,13 +388,18 @@ def validate_allocation(
         c["metadata"]["name"]: [x["cel"]["expression"] for x in c["spec"].get("selectors") or []]
         for c in classes
     }
-    taken = {(h["driver"], h["pool"], h["device"]) for h in held}
+    taken = {(h["driver"], h["pool"], h["device"]) for h in held if not h.get("shareID")}
     results = allocation.get("devices", {}).get("results") or []
     keys = [(r["driver"], r["pool"], r["device"]) for r in results]
-    if len(set(keys)) != len(keys):
+    shareable = {k for k in keys if (devices.get(k) or {}).get("allowMultipleAllocations")}
+    if len({k for k in keys if k not in shareable}) != len([k for k in keys if k not in shareable]):
         problems.append("a device is allocated twice")
-    if taken & set(keys):
-        problems.append(f"devices already held by another claim: {sorted(taken & set(keys))}")
+    # adminAccess results may name devices that other claims hold
+    owned = {
+        k for r, k in zip(results, keys, strict=True) if not r.get("adminAccess") and not r.get("shareID")
+    }
+    if taken & owned:
+        problems.append(f"devices already held by another claim: {sorted(taken & owned)}")
     specs: dict[str, Obj] = {}
     for req in requests:
         if req.get("firstAvailable"):

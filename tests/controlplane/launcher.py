@@ -61,6 +61,9 @@ FEATURE_GATES = {
     "GenericWorkload": True,
     # alpha: ResourcePoolStatusRequest (resource.k8s.io/v1alpha3), useful to cross-check a dashboard
     "DRAResourcePoolStatus": True,
+    # alpha: list-valued attributes (KEP-6072), published by the NVIDIA driver when its gate is on. With it
+    # the scheduler uses the "experimental" structured allocator.
+    "DRAListTypeAttributes": True,
 }
 RUNTIME_CONFIG = [
     "resource.k8s.io/v1beta1=true",

@@ -41,7 +41,9 @@ def test_a_lean_state_diagnoses_every_claim_like_the_full_one(imported: None) ->
 def test_a_lean_state_drops_what_the_diagnosis_never_reads(imported: None) -> None:
     lean = FleetState.from_db("fixtures", lean=True)
     pod = lean.objects["Pod"][0]
-    assert set(pod) <= {"kind", "metadata", "spec", "status"} and "containers" not in pod["spec"]
+    assert set(pod) <= {"kind", "metadata", "spec", "status"}
+    # containers only for their DRA extended resource requests
+    assert all(set(c) <= {"name", "resources", "restartPolicy"} for c in pod["spec"]["containers"])
     allocated = [c for c in lean.objects["ResourceClaim"] if (c.get("status") or {}).get("allocation")]
     assert allocated and all("spec" not in c and "ownerReferences" not in c["metadata"] for c in allocated)
     pending = [c for c in lean.objects["ResourceClaim"] if not (c.get("status") or {}).get("allocation")]

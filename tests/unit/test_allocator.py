@@ -497,3 +497,50 @@ def test_nvidia_dynamic_mig_counters_exclude_overlapping_placements(nvidia_fleet
     snap.allocated_claims = [taken]
     snap._results = {}
     assert not allocate([_nv_claim("mig", "mig.nvidia.com")], "h100-dyn", snap).ok
+
+
+def _shareable(name, counters=False):
+    device = {**dev(name), "allowMultipleAllocations": True, "capacity": {"memory": {"value": "10Gi"}}}
+    if counters:
+        device["consumesCounters"] = [{"counterSet": "cs", "counters": {"mem": {"value": "4"}}}]
+    return device
+
+
+def test_a_shareable_device_allocated_without_a_share_id_is_dedicated():
+    # allocateddevices.go: a result without shareID goes to the dedicated set, whatever the device allows.
+    snap = fleet(rslice("s", [_shareable("a")]), allocated("other", "a"))
+    assert not allocate([claim(capacity={"requests": {"memory": "1Gi"}})], "node-1", snap).ok
+
+
+def test_further_shares_of_a_device_do_not_charge_its_counters_again():
+    counters = rslice(
+        "counters", None, count=2, sharedCounters=[{"name": "cs", "counters": {"mem": {"value": "4"}}}]
+    )
+    snap = fleet(counters, rslice("devices", [_shareable("a", counters=True)], count=2))
+    two = [
+        claim("x", capacity={"requests": {"memory": "1Gi"}}),
+        claim("y", capacity={"requests": {"memory": "1Gi"}}),
+    ]
+    assert picked(allocate(two, "node-1", snap)) == ["a", "a"]
+
+
+def test_admin_access_consumes_counters_like_any_allocation():
+    counters = rslice(
+        "counters", None, count=2, sharedCounters=[{"name": "cs", "counters": {"mem": {"value": "4"}}}]
+    )
+    part = {**dev("p"), "consumesCounters": [{"counterSet": "cs", "counters": {"mem": {"value": "4"}}}]}
+    snap = fleet(counters, rslice("devices", [part], count=2), allocated("other", "p"))
+    assert not allocate([claim(adminAccess=True)], "node-1", snap).ok
+
+
+def test_schedule_pod_aborts_on_a_fatal_error_on_a_later_node_even_if_an_earlier_one_fits():
+    # Filter runs on all nodes in parallel; an All request on an incomplete pool is fatal there.
+    snap = fleet(
+        rslice("s1", [dev("a")], node="node-1"),
+        rslice("s2", [dev("b")], node="node-2", count=2),
+    )
+    result = schedule_pod({}, [claim(allocationMode="All")], snap)
+    assert result.node is None
+    assert result.message.endswith(
+        "asks for all devices, but resource pool dra.example.com/node-2 is currently being updated"
+    )

@@ -324,8 +324,15 @@ def test_device_view_splits_qualified_names():
     assert view.attributes == {"gpu.nvidia.com": {"x": 1, "y": 2}}
 
 
-def test_list_attributes_fail_every_evaluation():
-    view = device_view("d.example.com", {"attributes": {"numa": {"ints": [0, 1]}}})
+def test_list_attributes_are_cel_lists_as_with_the_list_type_attributes_gate():
+    view = device_view("d.example.com", {"attributes": {"numa": {"ints": [0, 1]}, "s": {"strings": ["a"]}}})
+    assert evaluate(compile_selector("device.driver == 'd.example.com'"), view)
+    assert evaluate(compile_selector("1 in device.attributes['d.example.com'].numa"), view)
+    assert evaluate(compile_selector("device.attributes['d.example.com'].s.exists(x, x == 'a')"), view)
+
+
+def test_an_attribute_without_a_value_fails_every_evaluation():
+    view = device_view("d.example.com", {"attributes": {"numa": {}}})
     with pytest.raises(CelRuntimeError, match="attribute numa: unsupported attribute value"):
         evaluate(compile_selector("true"), view)
 

@@ -294,3 +294,14 @@ def test_a_stored_claim_without_requests_fits_even_on_an_empty_fleet(state):
         "fits",
         "ml/nothing requests no devices: there is nothing to allocate.",
     )
+
+
+def test_an_unsupported_api_version_is_refused_naming_it():
+    classic = {**copy.deepcopy(CLAIM), "apiVersion": "resource.k8s.io/v1alpha2"}
+    with pytest.raises(NormalizeError) as caught:
+        check_claim_object(classic)
+    assert caught.value.field == "apiVersion"
+    assert "classic DRA" in caught.value.problem
+    old = {**copy.deepcopy(CLAIM), "apiVersion": "resource.k8s.io/v1beta1"}
+    old["spec"]["devices"]["requests"][0] = {"name": "gpu", "deviceClassName": "gpu.nvidia.com", "count": 1}
+    check_claim_object(old)

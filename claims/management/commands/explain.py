@@ -1,8 +1,10 @@
-"""python manage.py explain (NAMESPACE/NAME | FILE) [--cluster C] [--fleet FILE ...] [--json]
+"""python manage.py explain (NAMESPACE/NAME | FILE) [--cluster C | --fleet FILE ... | --kubeconfig FILE
+[--context C]] [--json]
 
 Why is this claim (or pod) pending, or: would this claim/template fit? With ``--fleet`` it runs offline on
-``kubectl get resourceslices,deviceclasses,resourceclaims,pods -A -o yaml`` output; otherwise it reads the
-fleet mirrored in the database.
+``kubectl get resourceslices,deviceclasses,resourceclaims,pods -A -o yaml`` output; with ``--kubeconfig`` it
+lists the fleet straight from that cluster's API server (no database); otherwise it reads the fleet mirrored
+in the database.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from claims.diagnosis import Diagnosis, diagnose, diagnose_name
 from claims.fleetstate import FleetState
+from fleet.kube.kubesource import RESOURCES, KubeConfigError, KubeSource
+from fleet.kube.source import SourceError
 from fleet.snapshot import SnapshotError, read_files
 
 DIAGNOSABLE = ("ResourceClaim", "ResourceClaimTemplate", "Pod")
@@ -31,10 +35,26 @@ class Command(BaseCommand):
         parser.add_argument(
             "--fleet", nargs="+", default=[], metavar="FILE", help="kubectl get ... -o yaml output (offline)"
         )
+        parser.add_argument(
+            "--kubeconfig",
+            default="",
+            metavar="FILE",
+            help="read the fleet live from this cluster (no database)",
+        )
+        parser.add_argument("--context", default="", help="kubeconfig context (default: the current one)")
         parser.add_argument("--json", action="store_true", help="print the result object as JSON")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        state = self._state(options["fleet"], options["cluster"])
+        if options["kubeconfig"]:
+            if options["fleet"] or options["cluster"]:
+                raise CommandError(
+                    "--kubeconfig reads the fleet from the cluster: drop --fleet and --cluster"
+                )
+            state = live_state(options["kubeconfig"], options["context"])
+        elif options["context"]:
+            raise CommandError("--context needs --kubeconfig")
+        else:
+            state = self._state(options["fleet"], options["cluster"])
         target: str = options["target"]
         result = self._diagnose(state, target)
         if options["json"]:
@@ -71,6 +91,24 @@ class Command(BaseCommand):
             return diagnose_name(state, namespace, name)
         except LookupError as exc:
             raise CommandError(str(exc.args[0])) from None
+
+
+def live_state(kubeconfig: str, context: str) -> FleetState:
+    """The fleet as the API server of ``kubeconfig`` lists it now (every kind the watchers read).
+    Raises CommandError naming the kubeconfig or the request that failed."""
+    try:
+        source = KubeSource.from_kubeconfig(kubeconfig, context or None)
+    except KubeConfigError as exc:
+        raise CommandError(str(exc)) from None
+    objs: list[dict[str, Any]] = []
+    try:
+        for kind in RESOURCES:
+            objs += source.list(kind)[0]
+    except SourceError as exc:
+        raise CommandError(f"listing the fleet from {source.server}: {exc}") from None
+    finally:
+        source.close()
+    return FleetState.from_objects(objs)
 
 
 def render(result: Diagnosis) -> str:
