@@ -9,6 +9,7 @@ echo "== services (PostgreSQL, Redis)"
 service_env=$(scripts/services.sh start)
 eval "$(sed 's/^/export /' <<<"$service_env")"
 : "${DATABASE_URL:?services.sh did not provide DATABASE_URL}" "${REDIS_URL:?services.sh did not provide REDIS_URL}"
+: "${PROMETHEUS_URL:?services.sh did not provide PROMETHEUS_URL}"
 # The production configuration (PostgreSQL, Redis) with a throw-away key; plain http for the browser.
 export SECRET_KEY="test-$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')"
 export SECURE_COOKIES=0
@@ -36,7 +37,7 @@ $VENV/bin/mypy .
 
 # Pages, API, websockets, triage and security run on both databases: PostgreSQL (production) in the first
 # pass, then SQLite with the in-memory channel layer (the embedded default `make demo` runs) in a second.
-BOTH_DATABASES=(tests/api tests/fleet_pages tests/pending tests/security tests/triage tests/browser)
+BOTH_DATABASES=(tests/api tests/fleet_pages tests/pending tests/security tests/triage tests/browser tests/usage)
 
 run_pytest() {
   set +e

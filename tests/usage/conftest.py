@@ -13,6 +13,7 @@ from fleet.models import Cluster
 from fleet.simulator import dcgm
 from fleet.simulator.workloads import Simulation
 from tests.browser.conftest import browser, chromium_path, page  # noqa: F401  (the browser fixtures)
+from tests.databases import require_expected_backend
 from tests.usage import prom, scenario
 from usage.config import PrometheusConfig
 from usage.prometheus import PrometheusSource
@@ -31,6 +32,13 @@ FOREIGN = dcgm.Series(
     },
     0.5,
 )
+
+
+@pytest.fixture(autouse=True)
+def _require_expected_backend(request):
+    if "db" in request.fixturenames or "transactional_db" in request.fixturenames:
+        request.getfixturevalue("db" if "db" in request.fixturenames else "transactional_db")
+        require_expected_backend("utilization")
 
 
 @pytest.fixture
