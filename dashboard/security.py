@@ -17,6 +17,7 @@ from urllib.parse import parse_qsl
 from asgiref.sync import async_to_sync
 from axes.backends import AxesStandaloneBackend
 from channels.layers import get_channel_layer
+from django.conf import settings
 from django.contrib.auth.signals import user_logged_out, user_login_failed
 from django.dispatch import receiver
 from django.http import HttpRequest, HttpResponse
@@ -66,12 +67,42 @@ class LoginAttemptBackend(AxesStandaloneBackend):
         return None
 
 
-def client_ip(request: HttpRequest | None) -> str:
-    """The peer address as the ASGI server reports it (uvicorn resolves X-Forwarded-For from trusted
-    proxies, see FORWARDED_ALLOW_IPS in docs/operations.md)."""
+class TrustedProxyMiddleware:
+    """ASGI middleware: the client address and scheme from ``X-Forwarded-For``/``-Proto``, only when the peer
+    is one of ``settings.TRUSTED_PROXIES`` (none by default), for HTTP and websockets alike.
+
+    uvicorn's own ProxyHeadersMiddleware does the parsing (rightmost untrusted hop of X-Forwarded-For); the
+    server must run with ``--no-proxy-headers``, otherwise uvicorn already believes 127.0.0.1 before this
+    sees the request. Settings are read per connection so that tests can change them.
+    """
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self._trusted: tuple[str, ...] = ()
+        self._inner: Any = None
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        trusted = tuple(settings.TRUSTED_PROXIES)
+        if not trusted:
+            return await self.app(scope, receive, send)
+        if trusted != self._trusted or self._inner is None:
+            from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
+
+            self._inner, self._trusted = ProxyHeadersMiddleware(self.app, list(trusted)), trusted
+        return await self._inner(scope, receive, send)
+
+
+def client_address(request: HttpRequest | None) -> str | None:
+    """The client address for the login lockout (AXES_CLIENT_IP_CALLABLE): the peer, or what a trusted
+    proxy forwarded (TrustedProxyMiddleware); None without a request."""
     if request is None:
-        return "-"
-    return str(request.META.get("REMOTE_ADDR") or "-")
+        return None
+    return request.META.get("REMOTE_ADDR") or None
+
+
+def client_ip(request: HttpRequest | None) -> str:
+    """The client address for logs: :func:`client_address`, ``-`` when unknown."""
+    return client_address(request) or "-"
 
 
 @receiver(user_login_failed, dispatch_uid="claimscope.security.login_failed")

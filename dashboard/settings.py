@@ -15,7 +15,7 @@ from pathlib import Path
 import dj_database_url
 from django.core.management.utils import get_random_secret_key
 
-from dashboard.env import ConfigError, env_bool, env_int, env_list, env_str, env_url
+from dashboard.env import ConfigError, env_bool, env_int, env_list, env_networks, env_str, env_url
 from dashboard.oidc_config import oidc_settings
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -248,9 +248,12 @@ SECURE_SSL_REDIRECT = HTTPS_ONLY
 SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 31_536_000 if HTTPS_ONLY else 0, minimum=0)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", True)
 SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", True)
+# Reverse proxies whose X-Forwarded-For/-Proto are believed (dashboard.security.TrustedProxyMiddleware, for
+# HTTP and websockets): none by default. Django's SECURE_PROXY_SSL_HEADER is not used: it would believe
+# X-Forwarded-Proto from any peer.
+TRUSTED_PROXIES = env_networks("TRUSTED_PROXIES")
 if env_bool("BEHIND_TLS_PROXY", False):
-    # Only behind a proxy that sets (and strips from clients) X-Forwarded-Proto.
-    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    raise ConfigError("BEHIND_TLS_PROXY", "1", "unset: name the proxy in TRUSTED_PROXIES instead")
 X_FRAME_OPTIONS = "DENY"
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
@@ -275,6 +278,9 @@ CONTENT_SECURITY_POLICY = {
 AXES_FAILURE_LIMIT = env_int("LOGIN_FAILURE_LIMIT", 5, minimum=1)
 AXES_COOLOFF_TIME = timedelta(minutes=env_int("LOGIN_COOLOFF_MINUTES", 15, minimum=1))
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+# The peer address after TrustedProxyMiddleware, never a header read by axes itself (django-ipware, if it
+# were ever installed, would believe X-Forwarded-For from anyone).
+AXES_CLIENT_IP_CALLABLE = "dashboard.security.client_address"
 AXES_RESET_ON_SUCCESS = True
 AXES_LOCKOUT_TEMPLATE = "429.html"
 AXES_HTTP_RESPONSE_CODE = 429
