@@ -68,7 +68,6 @@ INSTALLED_APPS = [
     "django_filters",
     "drf_spectacular",
     "drf_spectacular_sidecar",
-    "rest_framework.authtoken",
     "channels",
     "fleet",
     "claims",
@@ -201,7 +200,7 @@ if WHITENOISE_USE_FINDERS:
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        "fleet.api_tokens.ApiTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
@@ -213,8 +212,14 @@ REST_FRAMEWORK = {
     "DEFAULT_THROTTLE_RATES": {
         "anon": env_str("API_THROTTLE_ANON", "60/min"),
         "user": env_str("API_THROTTLE_USER", "1200/min"),
+        # Rejected API tokens per client address (fleet.api_tokens): guessing stays slow.
+        "invalid_token": env_str("API_THROTTLE_INVALID_TOKEN", "10/min"),
     },
+    # Throttles key on REMOTE_ADDR, which TrustedProxyMiddleware already resolved; with the default (None)
+    # DRF would read X-Forwarded-For from any client, who could then pick a fresh address per request.
+    "NUM_PROXIES": 0,
 }
+API_TOKEN_DAYS = env_int("API_TOKEN_DAYS", 90, minimum=1)
 SPECTACULAR_SETTINGS = {
     "TITLE": "claimscope API",
     "DESCRIPTION": "Read-only REST API over a Kubernetes DRA GPU fleet (see docs/api.md).",
