@@ -18,10 +18,11 @@ from asgiref.sync import async_to_sync
 from axes.backends import AxesStandaloneBackend
 from channels.layers import get_channel_layer
 from django.conf import settings
-from django.contrib.auth.signals import user_logged_out, user_login_failed
+from django.contrib.auth.signals import user_logged_in, user_logged_out, user_login_failed
 from django.dispatch import receiver
 from django.http import HttpRequest, HttpResponse
 
+from dashboard import audit
 from dashboard.views import healthz
 
 log = logging.getLogger("claimscope.security")
@@ -118,6 +119,19 @@ def log_login_failure(
         getattr(request, "path", "-"),
         " (locked out: too many failures)" if locked else "",
     )
+    audit.record("login failed", str(credentials.get("username", "")), request, locked_out=locked)
+
+
+@receiver(user_logged_in, dispatch_uid="claimscope.security.audit_login")
+def audit_login(sender: object, request: HttpRequest | None = None, user: Any = None, **kwargs: Any) -> None:
+    backend = getattr(user, "backend", "") or ""
+    audit.record("login", user.get_username() if user is not None else "", request, backend=backend)
+
+
+@receiver(user_logged_out, dispatch_uid="claimscope.security.audit_logout")
+def audit_logout(sender: object, request: HttpRequest | None = None, user: Any = None, **kwargs: Any) -> None:
+    if user is not None:
+        audit.record("logout", user.get_username(), request)
 
 
 def session_group(session_key: str | None, user_id: Any) -> str:

@@ -317,6 +317,7 @@ MIDDLEWARE = [
     "dashboard.security.DenialLogMiddleware",
     *MIDDLEWARE[_after_security:],
     "axes.middleware.AxesMiddleware",
+    "dashboard.audit.ExportAuditMiddleware",  # after DRF has named the user: CSV and token reads
 ]
 
 # claimscope's own settings.
