@@ -220,6 +220,17 @@ REST_FRAMEWORK = {
     "NUM_PROXIES": 0,
 }
 API_TOKEN_DAYS = env_int("API_TOKEN_DAYS", 90, minimum=1)
+# Who sees which namespaces (dashboard.visibility): "grants" (claims.NamespaceGrant), or "kubernetes": the
+# clusters' own RBAC for the SSO identity (dashboard.kube_rbac), grants for clusters without shared identity.
+CLAIMSCOPE_VISIBILITY = env_str("CLAIMSCOPE_VISIBILITY", "grants")
+if CLAIMSCOPE_VISIBILITY not in ("grants", "kubernetes"):
+    raise ConfigError("CLAIMSCOPE_VISIBILITY", CLAIMSCOPE_VISIBILITY, "grants or kubernetes")
+CLAIMSCOPE_RBAC_CLUSTERS = env_list("CLAIMSCOPE_RBAC_CLUSTERS", [])
+CLAIMSCOPE_RBAC_CACHE_SECONDS = env_int("CLAIMSCOPE_RBAC_CACHE_SECONDS", 30, minimum=0)
+CLAIMSCOPE_RBAC_USERNAME_CLAIM = env_str("CLAIMSCOPE_RBAC_USERNAME_CLAIM", "email")
+CLAIMSCOPE_RBAC_USERNAME_PREFIX = env_str("CLAIMSCOPE_RBAC_USERNAME_PREFIX", "")
+CLAIMSCOPE_RBAC_GROUPS_CLAIM = env_str("CLAIMSCOPE_RBAC_GROUPS_CLAIM", "groups")
+CLAIMSCOPE_RBAC_GROUPS_PREFIX = env_str("CLAIMSCOPE_RBAC_GROUPS_PREFIX", "")
 SPECTACULAR_SETTINGS = {
     "TITLE": "claimscope API",
     "DESCRIPTION": "Read-only REST API over a Kubernetes DRA GPU fleet (see docs/api.md).",
