@@ -21,6 +21,7 @@ from rest_framework.test import APIClient
 
 from claims.models import KubeIdentity, NamespaceGrant, Pod, ResourceClaim, SchedulingEvent
 from fleet import ingest
+from tests.security.test_oidc import Issuer, claimscope, issuer, sso_login  # noqa: F401  (issuer: a fixture)
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "fleet-small.yaml"
 CLUSTER = "rbac"
@@ -124,17 +125,21 @@ def two_namespaces(control_plane, kube, namespace) -> Iterator[tuple[str, str]]:
     kube.delete("Namespace", name)
 
 
-@pytest.fixture
-def rbac_fleet(two_namespaces, reviewer, settings, monkeypatch):
-    """The fixture fleet as cluster "rbac", its research/ml-train objects moved to the two real namespaces;
-    also the same fleet as cluster "fixtures", which keeps namespace grants."""
-    mine, team = two_namespaces
+def import_fleet(mine: str, team: str) -> None:
     call_command("import_snapshot", str(FIXTURE), cluster=CLUSTER, stdout=StringIO())
     call_command("import_snapshot", str(FIXTURE), cluster="fixtures", stdout=StringIO())
     for model in (ResourceClaim, Pod, SchedulingEvent):
         rows = model.objects.filter(cluster__name=CLUSTER)
         rows.filter(namespace="research").update(namespace=mine)
         rows.filter(namespace="ml-train").update(namespace=team)
+
+
+@pytest.fixture
+def rbac_fleet(two_namespaces, reviewer, settings, monkeypatch):
+    """The fixture fleet as cluster "rbac", its research/ml-train objects moved to the two real namespaces;
+    also the same fleet as cluster "fixtures", which keeps namespace grants."""
+    mine, team = two_namespaces
+    import_fleet(mine, team)
     monkeypatch.setenv("CLAIMSCOPE_CLUSTERS", f"{CLUSTER}=kubeconfig:{reviewer}")
     settings.CLAIMSCOPE_VISIBILITY = "kubernetes"
     settings.CLAIMSCOPE_RBAC_CLUSTERS = [CLUSTER]
@@ -248,3 +253,49 @@ def test_the_oidc_login_stores_the_identity_the_cluster_would_derive(settings):
     assert (identity.username, identity.groups) == ("oidc:x@example.org", ["oidc:a", "oidc:b"])
     sync_kube_identity(user, {"sub": "x"})  # no username claim any more: no identity
     assert not KubeIdentity.objects.filter(user=user).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_sso_user_sees_what_the_clusters_rbac_grants_their_oidc_identity(
+    issuer: Issuer,  # noqa: F811  (the fixture imported above)
+    control_plane,
+    reviewer,
+    two_namespaces,
+) -> None:
+    """End to end: claimscope as a server process, SSO through the test issuer (e-mail sam@example.org, its
+    group claim is "namespaces": ["research"]), the control plane's RBAC deciding, a binding removed while
+    the user is logged in."""
+    mine, team = two_namespaces
+    import_fleet(mine, team)
+    apply(
+        control_plane,
+        role("claims-reader", mine, ["resourceclaims"]),
+        binding("sam", mine, "claims-reader", "User", "sam@example.org"),
+        role("claims-reader", team, ["resourceclaims"]),
+        binding("research", team, "claims-reader", "Group", "research"),
+    )
+    env = {
+        "CLAIMSCOPE_VISIBILITY": "kubernetes",
+        "CLAIMSCOPE_CLUSTERS": f"{CLUSTER}=kubeconfig:{reviewer}",
+        "CLAIMSCOPE_RBAC_GROUPS_CLAIM": "namespaces",
+        "CLAIMSCOPE_RBAC_CACHE_SECONDS": "0",  # the removal below shows on the next request
+    }
+    with claimscope(issuer, **env) as (base, _):
+        browser, done = sso_login(base)
+        assert done.url == f"{base}/", done.url
+
+        def namespaces(fmt: str = "json") -> set[str]:
+            url = f"{base}/api/v1/claims/?cluster={CLUSTER}&page_size=1000&format={fmt}"
+            response = browser.get(url, timeout=30)
+            assert response.status_code == 200, response.text[:300]
+            if fmt == "csv":
+                return {r["namespace"] for r in csv.DictReader(io.StringIO(response.text))}
+            return {r["namespace"] for r in response.json()["results"]}
+
+        assert namespaces() == {mine, team} == namespaces("csv")
+        delete(control_plane, "rolebinding", "research", team)
+        assert namespaces() == {mine}
+        page = browser.get(f"{base}/claims/pending/?cluster={CLUSTER}", timeout=30)
+        assert page.status_code == 200 and team not in page.text
+    identity = KubeIdentity.objects.get()
+    assert (identity.username, identity.groups) == ("sam@example.org", ["research"])
