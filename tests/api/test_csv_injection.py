@@ -47,7 +47,7 @@ def poison(name: str, payload: str) -> str:
     }
     model, field, column = target[name]  # a KeyError: a new list endpoint needs its column here
     # Prefixed to what was there: some columns are part of a unique key.
-    model.objects.update(**{field: Concat(Value(payload), F(field))})
+    model._default_manager.update(**{field: Concat(Value(payload), F(field))})
     return column
 
 
