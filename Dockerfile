@@ -38,6 +38,7 @@ USER 10001:10001
 EXPOSE 8000
 HEALTHCHECK --interval=30s --timeout=5s --start-period=30s --retries=3 \
     CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=4)"]
-# uvicorn: HTTP + websockets (Channels). Proxy headers are trusted from FORWARDED_ALLOW_IPS only.
+# uvicorn: HTTP + websockets (Channels). --no-proxy-headers: the app itself believes forwarded headers
+# from TRUSTED_PROXIES only (uvicorn would believe 127.0.0.1 by default).
 CMD ["uvicorn", "dashboard.asgi:application", "--host", "0.0.0.0", "--port", "8000", \
-     "--lifespan", "off", "--proxy-headers", "--no-server-header"]
+     "--lifespan", "off", "--no-proxy-headers", "--no-server-header"]

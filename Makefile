@@ -8,13 +8,14 @@ UV_VERSION := 0.13.9
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: help venv venv-dev demo demo-stack test lint typecheck unit services services-stop cluster controlplane clean
+.PHONY: help venv venv-dev demo demo-stack test lint typecheck unit services services-stop cluster controlplane clean audit
 
 help:
 	@echo "make demo   - install and start the dashboard on http://$(HOST):$(PORT)/ (SQLite, simulated fleet)"
 	@echo "make demo-stack - the production topology locally: PostgreSQL, Redis, Celery workers, beat, ASGI"
 	@echo "make test   - install PostgreSQL, Redis, Chromium and the Kubernetes control plane; lint and test"
 	@echo "make lint   - ruff (lint + format check) and mypy"
+	@echo "make audit  - pip-audit of the pinned requirements against PyPI's vulnerability data"
 	@echo "make cluster - start the test Kubernetes control plane in the foreground (Ctrl-C stops it)"
 
 # The stamp is pip: a half-made venv (python3-venv missing) must not look done on the next run.
@@ -64,6 +65,13 @@ lint: venv-dev
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy .
+
+# Not part of lint: it needs PyPI's JSON API (per-release vulnerability data). --strict fails when a package
+# could not be checked, so a mirror without that data cannot pass as "no known vulnerabilities".
+PIP_AUDIT_VERSION := 2.10.1
+audit: $(UV)
+	$(UV) tool run --from "pip-audit==$(PIP_AUDIT_VERSION)" pip-audit --strict -s pypi --no-deps --disable-pip \
+	  -r requirements/base.txt -r requirements/dev.txt
 
 test: venv-dev
 	scripts/test.sh

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from django.contrib import admin
 
-from claims.models import NamespaceGrant
+from claims.models import KubeIdentity, NamespaceGrant
 
 
 @admin.register(NamespaceGrant)
@@ -17,3 +17,12 @@ class NamespaceGrantAdmin(admin.ModelAdmin):
     search_fields = ("user__username", "namespace")
     autocomplete_fields = ("user",)
     ordering = ("user__username", "namespace")
+
+
+@admin.register(KubeIdentity)
+class KubeIdentityAdmin(admin.ModelAdmin):
+    """Written at each SSO login (dashboard.oidc); shown so operators can check what RBAC is asked about."""
+
+    list_display = ("user", "username", "groups", "updated_at")
+    search_fields = ("user__username", "username")
+    readonly_fields = ("user", "username", "groups", "updated_at")

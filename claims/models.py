@@ -318,3 +318,20 @@ class PendingCause(models.Model):
 
     def __str__(self) -> str:
         return f"{self.namespace}/{self.name}: {self.category}"
+
+
+class KubeIdentity(models.Model):
+    """The Kubernetes identity of a single-sign-on user: the username and groups the clusters' API servers
+    give the same OIDC token (``CLAIMSCOPE_RBAC_*`` claims and prefixes). In ``CLAIMSCOPE_VISIBILITY=
+    kubernetes`` the clusters' RBAC is asked what this identity may list (``dashboard.kube_rbac``).
+    Written at each OIDC login by ``dashboard.oidc``."""
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="kube_identity"
+    )
+    username = models.CharField(max_length=253)
+    groups = models.JSONField(default=list)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"{self.username} {self.groups}"

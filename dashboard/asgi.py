@@ -13,11 +13,15 @@ from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E40
 from django.conf import settings  # noqa: E402
 
 from dashboard.routing import websocket_urlpatterns  # noqa: E402
+from dashboard.security import TrustedProxyMiddleware  # noqa: E402
 
+# Forwarded headers are resolved first, so the origin check, sessions and logs see the real client.
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
-        "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+        "http": TrustedProxyMiddleware(django_asgi_app),
+        "websocket": TrustedProxyMiddleware(
+            AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns)))
+        ),
     }
 )
 

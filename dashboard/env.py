@@ -6,6 +6,7 @@ deployment stops at start-up with a message an operator can act on, instead of f
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from collections.abc import Mapping
 from urllib.parse import urlparse
@@ -58,6 +59,18 @@ def env_list(name: str, default: list[str], env: Mapping[str, str] | None = None
     if raw is None:
         return default
     return [part.strip() for part in raw.split(",") if part.strip()]
+
+
+def env_networks(name: str, env: Mapping[str, str] | None = None) -> list[str]:
+    """Comma-separated IP addresses or CIDR networks (``10.0.0.5``, ``10.244.0.0/16``, ``fd00::/8``); empty
+    when unset. ``*`` is refused: trusting every peer's forwarded headers lets any client pick its address."""
+    out = []
+    for part in env_list(name, [], env):
+        try:
+            out.append(str(ipaddress.ip_network(part, strict=False)))
+        except ValueError:
+            raise ConfigError(name, part, "IP addresses or CIDR networks, comma-separated (not *)") from None
+    return out
 
 
 def env_url(name: str, schemes: tuple[str, ...], env: Mapping[str, str] | None = None) -> str | None:

@@ -116,6 +116,7 @@ class ClaimscopeOIDCBackend(OIDCAuthenticationBackend):
         claim = settings.CLAIMSCOPE_OIDC_NAMESPACES_CLAIM
         if claim:
             sync_grants(user, namespaces_from_claim(claims.get(claim)))
+        sync_kube_identity(user, claims)
         return user
 
 
@@ -133,3 +134,25 @@ def sync_grants(user: Any, pairs: list[tuple[str | None, str]]) -> None:
                 grant.delete()
         for cluster_id, namespace in wanted - set(current):
             NamespaceGrant.objects.create(user=user, cluster_id=cluster_id, namespace=namespace)
+
+
+def sync_kube_identity(user: Any, claims: Mapping[str, Any]) -> None:
+    """Store the username and groups a cluster's API server derives from this user's OIDC token (its
+    ``--oidc-username-claim``/``-prefix`` and ``--oidc-groups-claim``/``-prefix``, mirrored by the
+    ``CLAIMSCOPE_RBAC_*`` settings): RBAC visibility asks the clusters about this identity."""
+    from claims.models import KubeIdentity
+
+    username = str(claims.get(settings.CLAIMSCOPE_RBAC_USERNAME_CLAIM) or "")
+    raw_groups = claims.get(settings.CLAIMSCOPE_RBAC_GROUPS_CLAIM) or []
+    groups = [raw_groups] if isinstance(raw_groups, str) else [str(g) for g in raw_groups if g]
+    if not username:
+        KubeIdentity.objects.filter(user=user).delete()
+        return
+    prefix = settings.CLAIMSCOPE_RBAC_GROUPS_PREFIX
+    KubeIdentity.objects.update_or_create(
+        user=user,
+        defaults={
+            "username": (settings.CLAIMSCOPE_RBAC_USERNAME_PREFIX + username)[:253],
+            "groups": sorted(prefix + g for g in groups),
+        },
+    )

@@ -2,6 +2,10 @@
 
 List endpoints hand these renderers plain dicts built from ``QuerySet.values()``, so rendering is the
 only per-row cost left. CSV flattens nested objects into dotted columns and writes lists as JSON text.
+
+Every CSV export (API lists, the triage report, ``manage.py triage``) goes through :class:`CSVRenderer`, which
+makes formula-looking text inert (OWASP "CSV injection"): cluster data such as Event messages, node labels or
+product names is written by whoever can create objects in a cluster, and a spreadsheet would run it.
 """
 
 from __future__ import annotations
@@ -51,6 +55,22 @@ class ORJSONRenderer(JSONRenderer):
         return dumps(data)
 
 
+# OWASP's list: a cell starting with one of these is a formula (or becomes one once a spreadsheet trims
+# it); full-width forms are included because some spreadsheets fold them to ASCII.
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r", "\uff1d", "\uff0b", "\uff0d", "\uff20")
+
+
+def neutralise(value: Any) -> Any:
+    """A CSV cell a spreadsheet shows as text: formula-looking strings get a leading ``'`` (OWASP's advice).
+
+    Numbers stay numbers (``-3`` is a value, not a formula); only text can carry a formula. Leading spaces
+    and newlines are looked through because spreadsheets trim them before parsing.
+    """
+    if isinstance(value, str) and value.lstrip(" \n").startswith(_FORMULA_START):
+        return "'" + value
+    return value
+
+
 def _flatten(row: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in row.items():
@@ -92,12 +112,14 @@ class CSVRenderer(BaseRenderer):
         accepted_media_type: str | None = None,
         renderer_context: Mapping[str, Any] | None = None,
     ) -> bytes:
-        rows = csv_rows(data)
+        rows = [{neutralise(key): neutralise(value) for key, value in row.items()} for row in csv_rows(data)]
         columns: dict[str, None] = {}
         for row in rows:
             columns.update(dict.fromkeys(row))
         buffer = io.StringIO()
-        writer = csv.DictWriter(buffer, fieldnames=list(columns), restval="", lineterminator="\n")
+        # RFC 4180's CRLF: the writer then quotes every cell holding a CR or LF, so a message with a bare CR
+        # cannot start a new row in a spreadsheet.
+        writer = csv.DictWriter(buffer, fieldnames=list(columns), restval="", lineterminator="\r\n")
         writer.writeheader()
         writer.writerows(rows)
         return buffer.getvalue().encode()

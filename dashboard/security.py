@@ -17,10 +17,12 @@ from urllib.parse import parse_qsl
 from asgiref.sync import async_to_sync
 from axes.backends import AxesStandaloneBackend
 from channels.layers import get_channel_layer
-from django.contrib.auth.signals import user_logged_out, user_login_failed
+from django.conf import settings
+from django.contrib.auth.signals import user_logged_in, user_logged_out, user_login_failed
 from django.dispatch import receiver
 from django.http import HttpRequest, HttpResponse
 
+from dashboard import audit
 from dashboard.views import healthz
 
 log = logging.getLogger("claimscope.security")
@@ -66,12 +68,42 @@ class LoginAttemptBackend(AxesStandaloneBackend):
         return None
 
 
-def client_ip(request: HttpRequest | None) -> str:
-    """The peer address as the ASGI server reports it (uvicorn resolves X-Forwarded-For from trusted
-    proxies, see FORWARDED_ALLOW_IPS in docs/operations.md)."""
+class TrustedProxyMiddleware:
+    """ASGI middleware: the client address and scheme from ``X-Forwarded-For``/``-Proto``, only when the peer
+    is one of ``settings.TRUSTED_PROXIES`` (none by default), for HTTP and websockets alike.
+
+    uvicorn's own ProxyHeadersMiddleware does the parsing (rightmost untrusted hop of X-Forwarded-For); the
+    server must run with ``--no-proxy-headers``, otherwise uvicorn already believes 127.0.0.1 before this
+    sees the request. Settings are read per connection so that tests can change them.
+    """
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self._trusted: tuple[str, ...] = ()
+        self._inner: Any = None
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        trusted = tuple(settings.TRUSTED_PROXIES)
+        if not trusted:
+            return await self.app(scope, receive, send)
+        if trusted != self._trusted or self._inner is None:
+            from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
+
+            self._inner, self._trusted = ProxyHeadersMiddleware(self.app, list(trusted)), trusted
+        return await self._inner(scope, receive, send)
+
+
+def client_address(request: HttpRequest | None) -> str | None:
+    """The client address for the login lockout (AXES_CLIENT_IP_CALLABLE): the peer, or what a trusted
+    proxy forwarded (TrustedProxyMiddleware); None without a request."""
     if request is None:
-        return "-"
-    return str(request.META.get("REMOTE_ADDR") or "-")
+        return None
+    return request.META.get("REMOTE_ADDR") or None
+
+
+def client_ip(request: HttpRequest | None) -> str:
+    """The client address for logs: :func:`client_address`, ``-`` when unknown."""
+    return client_address(request) or "-"
 
 
 @receiver(user_login_failed, dispatch_uid="claimscope.security.login_failed")
@@ -87,6 +119,19 @@ def log_login_failure(
         getattr(request, "path", "-"),
         " (locked out: too many failures)" if locked else "",
     )
+    audit.record("login failed", str(credentials.get("username", "")), request, locked_out=locked)
+
+
+@receiver(user_logged_in, dispatch_uid="claimscope.security.audit_login")
+def audit_login(sender: object, request: HttpRequest | None = None, user: Any = None, **kwargs: Any) -> None:
+    backend = getattr(user, "backend", "") or ""
+    audit.record("login", user.get_username() if user is not None else "", request, backend=backend)
+
+
+@receiver(user_logged_out, dispatch_uid="claimscope.security.audit_logout")
+def audit_logout(sender: object, request: HttpRequest | None = None, user: Any = None, **kwargs: Any) -> None:
+    if user is not None:
+        audit.record("logout", user.get_username(), request)
 
 
 def session_group(session_key: str | None, user_id: Any) -> str:

@@ -15,7 +15,7 @@ from pathlib import Path
 import dj_database_url
 from django.core.management.utils import get_random_secret_key
 
-from dashboard.env import ConfigError, env_bool, env_int, env_list, env_str, env_url
+from dashboard.env import ConfigError, env_bool, env_int, env_list, env_networks, env_str, env_url
 from dashboard.oidc_config import oidc_settings
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -68,7 +68,6 @@ INSTALLED_APPS = [
     "django_filters",
     "drf_spectacular",
     "drf_spectacular_sidecar",
-    "rest_framework.authtoken",
     "channels",
     "fleet",
     "claims",
@@ -207,7 +206,7 @@ if WHITENOISE_USE_FINDERS:
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        "fleet.api_tokens.ApiTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
@@ -219,8 +218,25 @@ REST_FRAMEWORK = {
     "DEFAULT_THROTTLE_RATES": {
         "anon": env_str("API_THROTTLE_ANON", "60/min"),
         "user": env_str("API_THROTTLE_USER", "1200/min"),
+        # Rejected API tokens per client address (fleet.api_tokens): guessing stays slow.
+        "invalid_token": env_str("API_THROTTLE_INVALID_TOKEN", "10/min"),
     },
+    # Throttles key on REMOTE_ADDR, which TrustedProxyMiddleware already resolved; with the default (None)
+    # DRF would read X-Forwarded-For from any client, who could then pick a fresh address per request.
+    "NUM_PROXIES": 0,
 }
+API_TOKEN_DAYS = env_int("API_TOKEN_DAYS", 90, minimum=1)
+# Who sees which namespaces (dashboard.visibility): "grants" (claims.NamespaceGrant), or "kubernetes": the
+# clusters' own RBAC for the SSO identity (dashboard.kube_rbac), grants for clusters without shared identity.
+CLAIMSCOPE_VISIBILITY = env_str("CLAIMSCOPE_VISIBILITY", "grants")
+if CLAIMSCOPE_VISIBILITY not in ("grants", "kubernetes"):
+    raise ConfigError("CLAIMSCOPE_VISIBILITY", CLAIMSCOPE_VISIBILITY, "grants or kubernetes")
+CLAIMSCOPE_RBAC_CLUSTERS = env_list("CLAIMSCOPE_RBAC_CLUSTERS", [])
+CLAIMSCOPE_RBAC_CACHE_SECONDS = env_int("CLAIMSCOPE_RBAC_CACHE_SECONDS", 30, minimum=0)
+CLAIMSCOPE_RBAC_USERNAME_CLAIM = env_str("CLAIMSCOPE_RBAC_USERNAME_CLAIM", "email")
+CLAIMSCOPE_RBAC_USERNAME_PREFIX = env_str("CLAIMSCOPE_RBAC_USERNAME_PREFIX", "")
+CLAIMSCOPE_RBAC_GROUPS_CLAIM = env_str("CLAIMSCOPE_RBAC_GROUPS_CLAIM", "groups")
+CLAIMSCOPE_RBAC_GROUPS_PREFIX = env_str("CLAIMSCOPE_RBAC_GROUPS_PREFIX", "")
 SPECTACULAR_SETTINGS = {
     "TITLE": "claimscope API",
     "DESCRIPTION": "Read-only REST API over a Kubernetes DRA GPU fleet (see docs/api.md).",
@@ -254,9 +270,12 @@ SECURE_SSL_REDIRECT = HTTPS_ONLY
 SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 31_536_000 if HTTPS_ONLY else 0, minimum=0)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", True)
 SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", True)
+# Reverse proxies whose X-Forwarded-For/-Proto are believed (dashboard.security.TrustedProxyMiddleware, for
+# HTTP and websockets): none by default. Django's SECURE_PROXY_SSL_HEADER is not used: it would believe
+# X-Forwarded-Proto from any peer.
+TRUSTED_PROXIES = env_networks("TRUSTED_PROXIES")
 if env_bool("BEHIND_TLS_PROXY", False):
-    # Only behind a proxy that sets (and strips from clients) X-Forwarded-Proto.
-    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    raise ConfigError("BEHIND_TLS_PROXY", "1", "unset: name the proxy in TRUSTED_PROXIES instead")
 X_FRAME_OPTIONS = "DENY"
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
@@ -281,6 +300,9 @@ CONTENT_SECURITY_POLICY = {
 AXES_FAILURE_LIMIT = env_int("LOGIN_FAILURE_LIMIT", 5, minimum=1)
 AXES_COOLOFF_TIME = timedelta(minutes=env_int("LOGIN_COOLOFF_MINUTES", 15, minimum=1))
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+# The peer address after TrustedProxyMiddleware, never a header read by axes itself (django-ipware, if it
+# were ever installed, would believe X-Forwarded-For from anyone).
+AXES_CLIENT_IP_CALLABLE = "dashboard.security.client_address"
 AXES_RESET_ON_SUCCESS = True
 AXES_LOCKOUT_TEMPLATE = "429.html"
 AXES_HTTP_RESPONSE_CODE = 429
@@ -312,6 +334,7 @@ MIDDLEWARE = [
     "dashboard.security.DenialLogMiddleware",
     *MIDDLEWARE[_after_security:],
     "axes.middleware.AxesMiddleware",
+    "dashboard.audit.ExportAuditMiddleware",  # after DRF has named the user: CSV and token reads
 ]
 
 # claimscope's own settings.

@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from django.apps import apps
+from django.conf import settings
 from django.db.models import Q
 
 from fleet.selectors import DeviceKey, Holder
@@ -40,10 +41,12 @@ K = TypeVar("K")
 
 @dataclass(frozen=True)
 class Visibility:
-    """What one user may see: everything, or the listed ``(cluster name or "*", namespace)`` pairs."""
+    """What one user may see: everything, or the listed ``(cluster name or "*", namespace)`` pairs and every
+    namespace of the ``clusters`` listed (Kubernetes RBAC granting a whole cluster)."""
 
     all_namespaces: bool
     namespaces: frozenset[tuple[str, str]]
+    clusters: frozenset[str] = frozenset()
 
     @classmethod
     def everything(cls) -> Visibility:
@@ -55,7 +58,7 @@ class Visibility:
 
     def allows(self, cluster: str, namespace: str) -> bool:
         """Whether objects in ``namespace`` of the cluster named ``cluster`` are visible."""
-        if self.all_namespaces:
+        if self.all_namespaces or cluster in self.clusters:
             return True
         return (cluster, namespace) in self.namespaces or (ALL_CLUSTERS, namespace) in self.namespaces
 
@@ -77,6 +80,8 @@ class Visibility:
             if cluster != ALL_CLUSTERS:
                 part &= Q(**{cluster_field: cluster})
             out |= part
+        if self.clusters:
+            out |= Q(**{f"{cluster_field}__in": sorted(self.clusters)})
         return out
 
     @property
@@ -95,6 +100,8 @@ def visibility_for(user: Any) -> Visibility:
         return cached
     if user.is_superuser or user.has_perm(VIEW_ALL_PERMISSION):
         vis = Visibility.everything()
+    elif settings.CLAIMSCOPE_VISIBILITY == "kubernetes":
+        vis = _from_kubernetes(user)
     else:
         # Through the app registry: fleet modules import this one, and fleet never imports claims.
         grant = apps.get_model("claims", "NamespaceGrant")
@@ -105,6 +112,29 @@ def visibility_for(user: Any) -> Visibility:
     with contextlib.suppress(AttributeError):  # a user object refusing attributes: no cache, still correct
         setattr(user, _CACHE_ATTR, vis)
     return vis
+
+
+def _from_kubernetes(user: Any) -> Visibility:
+    """RBAC-decided namespaces in the clusters sharing the SSO identity (dashboard.kube_rbac); namespace
+    grants in the others (a grant for every cluster covers only those)."""
+    from dashboard import kube_rbac
+
+    rbac = kube_rbac.rbac_clusters()
+    others = set(apps.get_model("fleet", "Cluster").objects.values_list("name", flat=True)) - rbac
+    pairs: set[tuple[str, str]] = set()
+    grant = apps.get_model("claims", "NamespaceGrant")
+    for cluster, namespace in grant.objects.filter(user_id=user.pk).values_list("cluster__name", "namespace"):
+        names = others if cluster is None else ({cluster} & others)
+        pairs.update((name, namespace) for name in names)
+    whole: set[str] = set()
+    identity = apps.get_model("claims", "KubeIdentity").objects.filter(user_id=user.pk).first()
+    if identity is not None:
+        for cluster in sorted(rbac):
+            namespaces = kube_rbac.visible_namespaces(cluster, identity.username, list(identity.groups))
+            if kube_rbac.EVERY_NAMESPACE in namespaces:
+                whole.add(cluster)
+            pairs.update((cluster, namespace) for namespace in namespaces)
+    return Visibility(False, frozenset(pairs), frozenset(whole))
 
 
 def forget(user: Any) -> None:

@@ -7,6 +7,7 @@ integer of up to 128 bits: comparable from Kubernetes 1.35 on) and its raw JSON 
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.db import models
 
 RESOURCE_VERSION_DIGITS = 39  # 2**128 - 1 has 39 decimal digits
@@ -209,3 +210,41 @@ class AllocationSample(models.Model):
 
     def __str__(self) -> str:
         return f"{self.cluster_id}/{self.model}/{self.profile or 'gpu'}@{self.time:%Y-%m-%d %H:%M}"
+
+
+class ApiToken(models.Model):
+    """A user's API token, stored as its SHA-256 digest: the key itself is shown once, at creation.
+
+    A plain hash (no salt, no key stretching) is enough because the key is 256 random bits, not a password:
+    nothing to guess, and lookups stay one indexed query. Written by ``fleet.api_tokens`` only (the
+    authentication class there stamps ``last_used_at``).
+    """
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_token")
+    digest = models.CharField(max_length=64, unique=True)
+    prefix = models.CharField(max_length=12, help_text="The key's first characters, to recognise it")
+    created_at = models.DateTimeField()
+    expires_at = models.DateTimeField()
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… ({self.user_id})"
+
+
+class AuditEvent(models.Model):
+    """Who did what, from where: logins and their failures, token creation, use and revocation, exports.
+
+    Written by ``dashboard.audit.record`` only, which also logs each event on ``claimscope.audit``.
+    """
+
+    at = models.DateTimeField(db_index=True)
+    action = models.CharField(max_length=32, db_index=True)
+    username = models.CharField(max_length=150, blank=True, db_index=True)
+    ip = models.CharField(max_length=45, blank=True)
+    detail = models.JSONField(default=dict)
+
+    class Meta:
+        ordering = ["-at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.at:%Y-%m-%d %H:%M:%S} {self.action} {self.username}"

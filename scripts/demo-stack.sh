@@ -62,6 +62,6 @@ pids+=($!)
 .venv/bin/celery -A dashboard beat -s "$CLAIMSCOPE_DATA_DIR/celerybeat-schedule" >"$LOGS/beat.log" 2>&1 &
 pids+=($!)
 echo "claimscope demo-stack: http://$HOST:$PORT/  login: demo / $password  (logs: $LOGS)"
-.venv/bin/uvicorn dashboard.asgi:application --host "$HOST" --port "$PORT" &
+.venv/bin/uvicorn dashboard.asgi:application --host "$HOST" --port "$PORT" --no-proxy-headers &
 pids+=($!)
 wait -n "${pids[@]}"

@@ -140,6 +140,23 @@ class KubeSource:
             raise _http_error(resp.status, body, path)
         return resp
 
+    def post(self, path: str, body: Mapping[str, Any], timeout: float = 10.0) -> Obj:
+        """POST a JSON object (a SubjectAccessReview, say); the decoded answer."""
+        try:
+            resp = self._http.request(
+                "POST",
+                self.server + path,
+                body=orjson.dumps(body),
+                headers={**self._headers(), "Content-Type": "application/json"},
+                timeout=urllib3.Timeout(connect=10.0, read=timeout),
+            )
+        except urllib3.exceptions.HTTPError as exc:
+            raise SourceError(f"POST {path}: {exc}") from exc
+        if resp.status >= 300:
+            raise _http_error(resp.status, resp.data, path)
+        answer: Obj = orjson.loads(resp.data)
+        return answer
+
     def _path(self, kind: str) -> str:
         try:
             res = RESOURCES[kind]

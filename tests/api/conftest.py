@@ -11,7 +11,6 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.core.cache import cache
 from django.core.management import call_command
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from dashboard.visibility import grant_all_namespaces
@@ -54,7 +53,10 @@ def api(user):
 
 @pytest.fixture
 def token(user):
-    return Token.objects.create(user=user)
+    """A new API token's key (as shown once on the token page)."""
+    from fleet.api_tokens import create_token
+
+    return create_token(user)
 
 
 @pytest.fixture

@@ -48,7 +48,7 @@ def fuzz_data(fixture_fleet, sim_fleet, token):
 
     recompute_diagnoses("fixtures")
     sample_allocation()
-    return {"Authorization": f"Token {token.key}"}
+    return {"Authorization": f"Token {token}"}
 
 
 def test_every_operation_is_documented():

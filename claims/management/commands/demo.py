@@ -56,7 +56,10 @@ class Command(BaseCommand):
         import uvicorn
 
         try:
-            uvicorn.run("dashboard.asgi:application", host=host, port=port, log_level="info")
+            # No proxy headers: the app believes them from TRUSTED_PROXIES only (dashboard.security).
+            uvicorn.run(
+                "dashboard.asgi:application", host=host, port=port, log_level="info", proxy_headers=False
+            )
         except OSError as exc:
             raise CommandError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
 
