@@ -23,17 +23,28 @@ from fleet.kube.lock import StreamLock
 
 log = logging.getLogger(__name__)
 
-# Stop events of the rounds running in this worker: a warm shutdown ends their watches promptly, and
-# each hands its stream over to the queue for another worker.
+# Stop events of the rounds running in this worker: a shutdown ends their watches promptly, and each
+# hands its stream over to the queue for another worker. ``_shutting_down`` also covers a message that a
+# thread picks up after the shutdown began: it goes back to the queue without a round.
 _running: set[threading.Event] = set()
 _running_lock = threading.Lock()
+_shutting_down = threading.Event()
+
+
+def stop_rounds() -> None:
+    """End every round of this worker now; rounds that start later hand their message back at once.
+
+    Called from the SIGTERM handler and from the worker's shutdown bootstep (dashboard/celery.py), so every
+    way a worker stops (warm, cold, an unrecoverable error) ends the rounds within about a second."""
+    _shutting_down.set()
+    with _running_lock:
+        for stop in _running:
+            stop.set()
 
 
 @worker_shutting_down.connect
 def _stop_rounds(**_: Any) -> None:
-    with _running_lock:
-        for stop in _running:
-            stop.set()
+    stop_rounds()
 
 
 @shared_task(queue="watch", acks_late=True, reject_on_worker_lost=True, ignore_result=True)
@@ -44,7 +55,11 @@ def watch_stream(cluster: str, kind: str, token: str = "", failures: int = 0) ->
         return "unknown-kind"
     stop = threading.Event()
     with _running_lock:
-        _running.add(stop)
+        shutting_down = _shutting_down.is_set()
+        if not shutting_down:
+            _running.add(stop)
+    if shutting_down:
+        return _hand_back(cluster, kind, token, failures)
     try:
         result, successor = streams.locked_round(streams.redis_client(), cluster, kind, stop, token, failures)
     finally:
@@ -62,6 +77,16 @@ def watch_stream(cluster: str, kind: str, token: str = "", failures: int = 0) ->
         return result.outcome
     watch_stream.apply_async((cluster, kind, successor, result.failures), countdown=result.delay)
     return result.outcome
+
+
+def _hand_back(cluster: str, kind: str, token: str, failures: int) -> str:
+    """Re-enqueue a message picked up during shutdown, unchanged: its token (if any) still holds the lock."""
+    try:
+        watch_stream.apply_async((cluster, kind, token, failures))
+    except Exception as exc:  # the broker is gone too: the lock lapses and the beat restarts the stream
+        log.warning("%s/%s: cannot hand the stream back during shutdown: %s", cluster, kind, exc)
+        return "dropped"
+    return "handed-back"
 
 
 @shared_task(queue="watch", ignore_result=True)

@@ -113,29 +113,26 @@ def test_two_workers_racing_for_one_stream_leave_one_writer(services, workers, k
     assert "Traceback" not in logs
 
 
-def test_streams_converge_after_a_redis_restart(services, workers, kube, control_plane):
+def test_a_worker_reconnects_after_a_redis_restart_and_goes_on_consuming(
+    services, workers, kube, control_plane
+):
     cluster = "redis-restart"
     worker = workers("w", cluster)
     converged(services, cluster, control_plane)
     services.restart_redis()  # every key is lost: locks, queued and unacknowledged messages
     create_nodes(kube, "x", 20).join()
-    outcome = wait_for(
-        "the worker to reconnect or fail",
-        lambda: (
-            ("failed" if "Unrecoverable error" in worker.output() else None)
-            or ("reconnected" if worker.output().count("Connected to redis://") >= 2 else None)
-        ),
-        timeout=60,
-    )
-    if outcome == "failed":
-        # kombu cannot restore unacknowledged messages to a Redis that went away, and the worker stops
-        # (upstream bug, see docs/watchers.md). Production runs workers under a supervisor with a liveness
-        # check, which replaces it; this models that. The streams must converge all the same.
-        worker.kill()
-        worker = workers("w-replaced", cluster)
+    # Stock kombu fails closing the lost channel ("Unrecoverable error: AttributeError(... 'hostname')")
+    # and the worker stops consuming; ours reconnects.
+    reconnected = lambda: worker.output().count("Connected to redis://") >= 2  # noqa: E731
+    wait_for("the worker to reconnect", reconnected, timeout=60)
     converged(services, cluster, control_plane)
     kube.delete("Node", "x-3")
+    # Rounds end every 8 s here (CLAIMSCOPE_WATCH_TIMEOUT) and come back through the queue, so this
+    # converges only if the worker consumes again after the restart.
     converged(services, cluster, control_plane)
+    rounds_after = worker.output().split("Connected to redis://")[-1]
+    assert "fleet.tasks.watch_stream" in rounds_after
+    assert "Unrecoverable error" not in worker.output()
     assert worker.proc.poll() is None
 
 
