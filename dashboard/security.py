@@ -21,27 +21,28 @@ from django.contrib.auth.signals import user_logged_out, user_login_failed
 from django.dispatch import receiver
 from django.http import HttpRequest, HttpResponse
 
-from dashboard.views import healthz
+from dashboard.views import healthz, readyz
 
 log = logging.getLogger("claimscope.security")
 
-PROBE_PATH = "/healthz"
+PROBES = {"/healthz": healthz, "/readyz": readyz}
 
 
 class ProbeMiddleware:
-    """Answers ``GET /healthz`` before host validation and the HTTPS redirect.
+    """Answers ``GET /healthz`` and ``/readyz`` before host validation and the HTTPS redirect.
 
     Kubelet and Docker probes call the pod's own address over plain http: with ``ALLOWED_HOSTS`` set to the
     public name and ``SECURE_SSL_REDIRECT`` on, they would get a 400 or a 301 instead of the health status.
-    The answer carries no data beyond ``{"status": ...}``. Must be first in ``MIDDLEWARE``.
+    The answer carries only check results and counts (dashboard/health.py). Must be first in ``MIDDLEWARE``.
     """
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
-        if request.path_info == PROBE_PATH and request.method in ("GET", "HEAD"):
-            return healthz(request)
+        probe = PROBES.get(request.path_info)
+        if probe is not None and request.method in ("GET", "HEAD"):
+            return probe(request)
         return self.get_response(request)
 
 

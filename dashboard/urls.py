@@ -11,6 +11,7 @@ from dashboard import views
 urlpatterns = [
     path("", views.home, name="home"),
     path("healthz", views.healthz, name="healthz"),
+    path("readyz", views.readyz, name="readyz"),
     path(
         "accounts/login/",
         auth_views.LoginView.as_view(
