@@ -10,6 +10,9 @@ Two additions to the stock worker, both about surviving a lost broker (docs/watc
   connection loss. Skipping the restore loses nothing: the unacknowledged messages are in Redis's own
   "unacked" hash, which Redis either lost (a restart without persistence: the beat restarts the streams)
   or still has (kombu restores it after the visibility timeout; a duplicate round exits at the lock).
+- ``AliveFileStep``: the consumer's event loop touches ``CLAIMSCOPE_WORKER_ALIVE_FILE`` every
+  ``ALIVE_EVERY`` seconds, so a liveness probe (``k8s/base/worker.yaml``) can tell a consuming worker from
+  a live process whose consumer is dead or stuck, without a round trip through the broker.
 - ``StopRoundsStep``: every way a worker stops (warm, cold, an unrecoverable error) first tells the
   running watch rounds to end; otherwise only the SIGTERM handler did, and a worker stopping for another
   reason waited for its rounds' watches to time out.
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 from typing import Any
 
 from celery import Celery, bootsteps
@@ -65,6 +69,46 @@ class StopRoundsStep(bootsteps.StartStopStep):
     close = stop = shutdown = terminate = _stop_rounds
 
 
+ALIVE_EVERY = 10.0
+
+
+class AliveFileStep(bootsteps.StartStopStep):
+    """Runs with the consumer: started after each (re)connection, stopped when the consumer stops."""
+
+    requires = ("celery.worker.consumer.tasks:Tasks",)
+
+    def __init__(self, consumer: Any, **kwargs: Any) -> None:
+        from django.conf import settings  # read when the worker starts, not when the app module loads
+
+        self.path = (
+            Path(settings.CLAIMSCOPE_WORKER_ALIVE_FILE) if settings.CLAIMSCOPE_WORKER_ALIVE_FILE else None
+        )
+        self.entry: Any = None
+        super().__init__(consumer, **kwargs)
+
+    def include_if(self, consumer: Any) -> bool:
+        return self.path is not None
+
+    def start(self, consumer: Any) -> None:
+        self._touch()
+        # The consumer's timer runs in its event loop: a dead or blocked loop stops touching the file.
+        self.entry = consumer.timer.call_repeatedly(ALIVE_EVERY, self._touch)
+
+    def stop(self, consumer: Any) -> None:
+        if self.entry is not None:
+            self.entry.cancel()
+            self.entry = None
+
+    shutdown = stop
+
+    def _touch(self) -> None:
+        assert self.path is not None
+        try:
+            self.path.touch()
+        except OSError as exc:
+            log.warning("cannot touch the worker's alive file %s: %s", self.path, exc)
+
+
 app = Celery("claimscope")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.conf.worker_consumer = f"{__name__}:BrokerLossTolerantConsumer"
@@ -72,4 +116,5 @@ app.conf.worker_consumer = f"{__name__}:BrokerLossTolerantConsumer"
 # path is PostgreSQL and the Kubernetes API, not the broker). Set explicitly: Celery warns about the default.
 app.conf.worker_cancel_long_running_tasks_on_connection_loss = False
 app.steps["worker"].add(StopRoundsStep)
+app.steps["consumer"].add(AliveFileStep)
 app.autodiscover_tasks()

@@ -164,6 +164,9 @@ CLAIMSCOPE_WATCH_TIMEOUT = env_int("CLAIMSCOPE_WATCH_TIMEOUT", 0, minimum=0)  # 
 CLAIMSCOPE_WATCH_LOCK_TTL = env_int("CLAIMSCOPE_WATCH_LOCK_TTL", 30, minimum=1)
 CLAIMSCOPE_WATCH_FORBIDDEN_RETRY = env_int("CLAIMSCOPE_WATCH_FORBIDDEN_RETRY", 300, minimum=1)
 CLAIMSCOPE_WATCH_BACKOFF_MAX = env_int("CLAIMSCOPE_WATCH_BACKOFF_MAX", 30, minimum=1)
+# A file a worker's consumer touches every 10 s while it consumes (dashboard/celery.py), for a liveness
+# probe that fails when the consumer is dead but the process is not. Empty: none.
+CLAIMSCOPE_WORKER_ALIVE_FILE = env_str("CLAIMSCOPE_WORKER_ALIVE_FILE", "")
 # Build the heatmap's GPU cache in the background when the ASGI server starts (fleet.feed.warm), so the
 # first page after a deploy does not pay the one full read of the fleet (seconds on 40k GPUs).
 CLAIMSCOPE_WARM_HEATMAP = env_bool("CLAIMSCOPE_WARM_HEATMAP", False)

@@ -159,6 +159,7 @@ class Worker:
         beat: bool = True,
     ) -> None:
         self.log = log_dir / f"worker-{name}.log"
+        self.alive_file = log_dir / f"alive-{name}"  # what the manifests' probes read (k8s/base/worker.yaml)
         schedule = log_dir / f"beat-{name}"
         cmd = [
             str(ROOT / ".venv" / "bin" / "celery"),
@@ -183,7 +184,9 @@ class Worker:
             self.proc = subprocess.Popen(
                 cmd,
                 cwd=ROOT,
-                env=services.env(CLAIMSCOPE_CLUSTERS=clusters),
+                env=services.env(
+                    CLAIMSCOPE_CLUSTERS=clusters, CLAIMSCOPE_WORKER_ALIVE_FILE=str(self.alive_file)
+                ),
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,

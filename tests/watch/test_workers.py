@@ -6,20 +6,25 @@ restarting those never disturbs anyone else; convergence is checked with `manage
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
+import subprocess
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import redis
+import yaml
 from celery import Celery
 
 from tests.controlplane.kube import wait_for
 from tests.controlplane.launcher import ControlPlane
 from tests.watch.helpers import make
-from tests.watch.services import REDIS_URL, PrivateServices, Worker, private_services
+from tests.watch.services import REDIS_URL, ROOT, PrivateServices, Worker, private_services
 
 CONVERGE = 90.0
 LOGS = Path(tempfile.gettempdir()) / "claimscope-watch-worker-logs"
@@ -146,3 +151,29 @@ def test_streams_survive_a_postgresql_restart(services, workers, kube, control_p
     converged(services, cluster, control_plane)
     assert services.count(cluster, "fleet_node") == 100
     assert worker.proc.poll() is None
+
+
+def worker_probe(probe: str) -> list[str]:
+    """The exec command of a probe of the watch worker in the Kubernetes manifests."""
+    docs = yaml.safe_load_all((ROOT / "k8s" / "base" / "worker.yaml").read_text())
+    deployment = next(d for d in docs if d["metadata"]["name"] == "worker-watch")
+    return deployment["spec"]["template"]["spec"]["containers"][0][probe]["exec"]["command"]
+
+
+def test_the_manifests_worker_probes_fail_while_the_consumer_is_frozen(services, workers):
+    worker = workers("probed", "probed")
+    env = {**os.environ, "CLAIMSCOPE_WORKER_ALIVE_FILE": str(worker.alive_file)}
+
+    def passes(probe: str) -> bool:
+        return subprocess.run(worker_probe(probe), env=env, timeout=10).returncode == 0
+
+    wait_for("the worker to start consuming", lambda: passes("startupProbe"), timeout=60)
+    assert passes("readinessProbe") and passes("livenessProbe")
+    os.killpg(worker.proc.pid, signal.SIGSTOP)  # a frozen worker: alive to its supervisor, consuming nothing
+    try:
+        long_ago = time.time() - 120  # what two minutes of the frozen consumer leave behind
+        os.utime(worker.alive_file, (long_ago, long_ago))
+        assert not passes("readinessProbe") and not passes("livenessProbe")
+    finally:
+        os.killpg(worker.proc.pid, signal.SIGCONT)
+    wait_for("the consumer to report again", lambda: passes("livenessProbe"), timeout=30)
