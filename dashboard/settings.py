@@ -132,7 +132,8 @@ if REDIS_URL:
     # websocket consumer then dies with "Timeout reading" whenever its event loop lags. Read longer.
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            # channels-redis, closing sockets cleanly when Redis goes away (dashboard/channel_layer.py)
+            "BACKEND": "dashboard.channel_layer.ReconnectingRedisChannelLayer",
             "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 15}]},
         }
     }

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.fixture
 def server(viewer):
-    if not str(settings.CHANNEL_LAYERS["default"]["BACKEND"]).startswith("channels_redis"):
+    if not str(settings.CHANNEL_LAYERS["default"]["BACKEND"]).endswith("RedisChannelLayer"):
         pytest.fail("the logout test needs the Redis channel layer: set REDIS_URL (run `make test`)")
     with asgi_server() as base:
         yield base
