@@ -155,8 +155,10 @@ class Worker:
         name: str,
         clusters: str,
         log_dir: Path,
+        *,
         queues: str = "watch",
         beat: bool = True,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.log = log_dir / f"worker-{name}.log"
         self.alive_file = log_dir / f"alive-{name}"  # what the manifests' probes read (k8s/base/worker.yaml)
@@ -185,7 +187,9 @@ class Worker:
                 cmd,
                 cwd=ROOT,
                 env=services.env(
-                    CLAIMSCOPE_CLUSTERS=clusters, CLAIMSCOPE_WORKER_ALIVE_FILE=str(self.alive_file)
+                    CLAIMSCOPE_CLUSTERS=clusters,
+                    CLAIMSCOPE_WORKER_ALIVE_FILE=str(self.alive_file),
+                    **(env or {}),
                 ),
                 stdout=out,
                 stderr=subprocess.STDOUT,
