@@ -158,11 +158,12 @@ CELERY_TASK_ROUTES = {"fleet.tasks.*": {"queue": "watch"}}
 CELERY_BEAT_SCHEDULE = {
     "restart-lapsed-streams": {
         "task": "fleet.tasks.restart_lapsed_streams",
-        "schedule": float(env_int("CLAIMSCOPE_WATCH_BEAT_SECONDS", 30, minimum=1)),
+        # With the 10 s lock: a lost worker's streams run again within about 10-13 s (docs/watchers.md).
+        "schedule": float(env_int("CLAIMSCOPE_WATCH_BEAT_SECONDS", 3, minimum=1)),
     }
 }
 CLAIMSCOPE_WATCH_TIMEOUT = env_int("CLAIMSCOPE_WATCH_TIMEOUT", 0, minimum=0)  # 0: random 5-10 minutes
-CLAIMSCOPE_WATCH_LOCK_TTL = env_int("CLAIMSCOPE_WATCH_LOCK_TTL", 30, minimum=1)
+CLAIMSCOPE_WATCH_LOCK_TTL = env_int("CLAIMSCOPE_WATCH_LOCK_TTL", 10, minimum=1)
 CLAIMSCOPE_WATCH_FORBIDDEN_RETRY = env_int("CLAIMSCOPE_WATCH_FORBIDDEN_RETRY", 300, minimum=1)
 CLAIMSCOPE_WATCH_BACKOFF_MAX = env_int("CLAIMSCOPE_WATCH_BACKOFF_MAX", 30, minimum=1)
 # A file a worker's consumer touches every 10 s while it consumes (dashboard/celery.py), for a liveness

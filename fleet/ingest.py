@@ -25,6 +25,8 @@ from typing import Any, Literal
 import orjson
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connection, connections, models, transaction
+from django.db.models import F, Value
+from django.db.models.functions import Greatest
 from django.utils import timezone
 
 from fleet import commit_counter
@@ -145,7 +147,7 @@ def apply_batch(
         after = _child_pools(cluster, spec, touched) if result.changed else set()
         result.pools = None if pools is None or after is None else pools | after
         if cursor:
-            _save_cursor(cluster, kind, cursor)
+            _save_cursor(cluster, kind, cursor, forward_only=True)
         _publish_on_commit(cluster, result)
     return result
 
@@ -742,15 +744,22 @@ def _common_row(record: Any) -> dict[str, Any]:
     return row
 
 
-def _save_cursor(cluster: Cluster, kind: str, cursor: CursorUpdate) -> None:
-    defaults: dict[str, Any] = {
-        "resource_version": Decimal(cursor.resource_version),
-        "state": cursor.state,
-        "last_event_at": timezone.now(),
-    }
+def _save_cursor(cluster: Cluster, kind: str, cursor: CursorUpdate, forward_only: bool = False) -> None:
+    """Save the stream's position. ``forward_only`` (watch batches): never move the cursor back. Two
+    writers overlap when a worker was frozen or cut off longer than the lock's TTL and another took the
+    stream over; the late one's batch must not make the next round resume from an older version (the
+    rows have their own fence). A relist sets the position as listed: after a 410 the history may be new."""
+    rv = Decimal(cursor.resource_version)
+    defaults: dict[str, Any] = {"state": cursor.state, "last_event_at": timezone.now()}
     if cursor.objects is not None:
         defaults["object_count"] = cursor.objects
-    WatchCursor.objects.update_or_create(cluster=cluster, kind=kind, defaults=defaults)
+    position = Greatest(F("resource_version"), Value(rv, output_field=models.DecimalField()))
+    WatchCursor.objects.update_or_create(
+        cluster=cluster,
+        kind=kind,
+        defaults={**defaults, "resource_version": position if forward_only else rv},
+        create_defaults={**defaults, "resource_version": rv},
+    )
 
 
 # ------------------------------------------------------------------------------------------- events

@@ -45,7 +45,7 @@ def stream_config() -> StreamConfig:
 
 
 def lock_ttl() -> float:
-    return float(getattr(settings, "CLAIMSCOPE_WATCH_LOCK_TTL", 30))
+    return float(getattr(settings, "CLAIMSCOPE_WATCH_LOCK_TTL", 10))
 
 
 def source_for(config: clusters.ClusterConfig) -> Source:
