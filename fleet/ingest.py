@@ -849,8 +849,11 @@ def _notify(event: dict[str, Any]) -> None:
     for listener in _listeners:
         try:
             listener(event)
-        except Exception:  # a listener's failure must not undo or block ingestion
-            log.exception("change listener %r failed for %s %s", listener, event["cluster"], event["kind"])
+        except Exception as exc:  # a listener's failure must not undo or block ingestion
+            name = getattr(listener, "__qualname__", repr(listener))
+            commit_counter.log_failure(
+                log, f"change listener {name} failed for {event['cluster']} {event['kind']}", exc
+            )
 
 
 def publish(event: dict[str, Any]) -> None:
@@ -873,8 +876,10 @@ def publish(event: dict[str, Any]) -> None:
             task.add_done_callback(_pending.discard)
         else:
             async_to_sync(layer.group_send)(settings.CLAIMSCOPE_INGEST_GROUP, event)
-    except Exception:  # the database is the truth; a lost notification only delays a page update
-        log.exception("could not publish change event for %s %s", event["cluster"], event["kind"])
+    except Exception as exc:  # the database is the truth; a lost notification only delays a page update
+        commit_counter.log_failure(
+            log, f"could not publish change events for {event['cluster']} {event['kind']}", exc
+        )
 
 
 _pending: set[asyncio.Task[None]] = set()  # keeps scheduled sends alive until done
