@@ -14,6 +14,7 @@ import threading
 import time
 
 from django.core.cache import cache
+from kombu.exceptions import OperationalError as BrokerError
 from redis.exceptions import RedisError
 
 log = logging.getLogger(__name__)
@@ -26,7 +27,7 @@ _outage_lock = threading.Lock()
 def log_failure(logger: logging.Logger, message: str, exc: BaseException) -> None:
     """Log a failed side effect of ingest: with its traceback, unless Redis is unreachable; then one line
     per ``message`` every ``OUTAGE_LOG_SECONDS`` (an outage would otherwise log a traceback per batch)."""
-    if not isinstance(exc, (RedisError, OSError)):
+    if not isinstance(exc, (RedisError, OSError, BrokerError)):  # BrokerError: Celery's enqueue
         logger.error(message, exc_info=exc)
         return
     now = time.monotonic()

@@ -16,10 +16,13 @@ from typing import Any
 import redis
 from celery import shared_task
 from celery.signals import worker_shutting_down
+from django.db import DatabaseError, close_old_connections
+from django.utils import timezone
 
 from fleet import clusters
 from fleet.kube import streams
 from fleet.kube.lock import StreamLock
+from fleet.models import WatchCursor
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +82,19 @@ def watch_stream(cluster: str, kind: str, token: str = "", failures: int = 0) ->
     return result.outcome
 
 
+def _vouched_streams() -> set[tuple[str, str]]:
+    """(cluster, kind) of the streams whose lease has not lapsed; none when the database is unreachable
+    (then the locks alone decide)."""
+    try:
+        return set(
+            WatchCursor.objects.filter(lease_until__gt=timezone.now()).values_list("cluster__name", "kind")
+        )
+    except DatabaseError as exc:
+        log.warning("restart_lapsed_streams: database unavailable (%s); going by the locks", exc)
+        close_old_connections()
+        return set()
+
+
 def _hand_back(cluster: str, kind: str, token: str, failures: int) -> str:
     """Re-enqueue a message picked up during shutdown, unchanged: its token (if any) still holds the lock."""
     try:
@@ -94,8 +110,14 @@ def restart_lapsed_streams() -> list[str]:
     """Enqueue a round for every configured stream nobody holds; returns the streams started."""
     client = streams.redis_client()
     started: list[str] = []
+    vouched = _vouched_streams()
     for config in clusters.configured():
         for kind in streams.STREAM_KINDS:
+            if (config.name, kind) in vouched:
+                # Its worker renewed the lease (fleet.kube.streams): alive, even if Redis lost the lock.
+                # After a Redis restart the heartbeats re-create the locks; starting a second round here
+                # would only make the first one stop and resume (two relists' worth of churn).
+                continue
             lock = StreamLock(client, config.name, kind, streams.lock_ttl())
             try:
                 if lock.held_by_anyone():

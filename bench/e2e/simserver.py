@@ -13,6 +13,8 @@ Commands are files the orchestrator drops into ``RUN_DIR`` (polled every 100 ms)
   and 5 % of the events toggle a health taint on a whole-GPU slice (1 event). Every change the heatmap
   shows (a full GPU 7/7 <-> 0/7, a taint flag) is written to ``probes.jsonl`` with the wall-clock time of
   the write: ``[t, row key, gpu index, "slices"|"tainted", expected value]``. ``churn.done`` gets the counts.
+* ``restart.go``: ``{"down": seconds}``: the API server stops (every watch ends), stays away, compacts its
+  history (resumes get 410 Gone) and serves again on the same port; answered by ``restart.done``.
 * ``change.go``: one fleet change (a taint on one GPU), for the diagnosis timing; answered by ``change.done``.
 
 Why our own process and not ``manage.py simulate``: that command serves the small "monday" scenario; the
@@ -317,6 +319,19 @@ def main() -> int:
                 "resource_version": sim.resource_version,
             }
             (run_dir / "churn.done").write_text(json.dumps(done))
+        restart = run_dir / "restart.go"
+        if restart.exists():
+            # An API server restart whose etcd compacted meanwhile: every open watch ends, the server is
+            # away for ``down`` seconds, and every resume from an older resourceVersion gets 410 Gone.
+            params = json.loads(restart.read_text())
+            restart.unlink()
+            port = server.server_address[1]
+            server.stop()
+            time.sleep(float(params.get("down", 3)))
+            sim.compact()
+            server = SimulatorAPIServer(sim, server.token, port=port)
+            server.serve_in_thread()
+            (run_dir / "restart.done").write_text(json.dumps({"t": time.time()}))
         change = run_dir / "change.go"
         if change.exists():
             change.unlink()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 import pytest
+from kombu.exceptions import OperationalError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from fleet import commit_counter
@@ -25,7 +26,8 @@ def test_a_redis_outage_logs_one_line_per_side_effect_without_a_traceback(caplog
                 log, "could not publish change events for prod Pod", RedisConnectionError("x")
             )
         commit_counter.log_failure(log, "could not count a fleet commit", RedisConnectionError("x"))
-    assert [(r.levelname, r.exc_info) for r in caplog.records] == [("WARNING", None), ("WARNING", None)]
+        commit_counter.log_failure(log, "change listener failed", OperationalError("broker down"))
+    assert [(r.levelname, r.exc_info) for r in caplog.records] == [("WARNING", None)] * 3
     assert "prod Pod: Redis unreachable (ConnectionError: x)" in caplog.records[0].getMessage()
 
 
