@@ -302,7 +302,9 @@ class Bench:
         self.churn(seconds)
         time.sleep(5)
         result: dict[str, Any] = {"fault": fault, "load": load()}
-        before = streams()  # the churned cursors before the fault (ingest stops, or not, during it)
+        before: dict[str, tuple[int, float, str]] = {}
+        while len(before) < 7:  # the cursors just before the fault (ingest stops, or not, during it)
+            before = streams()
         back = self.inject(fault, result)
         moving = self.until(lambda: moving_again(self.cursors, back, before, LOCK_TTL), 300)
         result["streams_moving_s"] = moving[0] if moving else None
