@@ -308,6 +308,9 @@ class Bench:
         back = self.inject(fault, result)
         moving = self.until(lambda: moving_again(self.cursors, back, before, LOCK_TTL), 300)
         result["streams_moving_s"] = moving[0] if moving else None
+        if moving is None:  # say why: the cursors before, at the fault's end and now
+            last = self.cursors.samples[-1] if self.cursors.samples else (0.0, {})
+            result["not_moving"] = {"since": back, "before": before, "last_sample": last}
         # The feed delivers again with the first delta sent after ingest moved again.
         moved_at = moving[1] if moving else back
         result["feed_delivering_s"] = self.until(

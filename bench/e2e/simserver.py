@@ -267,8 +267,9 @@ class Churn:
 
     def run(self, rate: float, seconds: float) -> None:
         start = time.monotonic()
+        base = self.counts["events"]  # the counts add up over runs: each run has its own rate
         while (elapsed := time.monotonic() - start) < seconds:
-            target = int(rate * elapsed)
+            target = base + int(rate * elapsed)
             while self.counts["events"] < target:
                 self.counts["events"] += self.step()
             self.probes.flush()
