@@ -265,7 +265,8 @@ class Churn:
         self.counts["reallocated"] += 1
         return 2
 
-    def run(self, rate: float, seconds: float) -> None:
+    def run(self, rate: float, seconds: float, between: Any = None) -> None:
+        """``between``: called every tick, so commands (an API server restart) run during the churn."""
         start = time.monotonic()
         base = self.counts["events"]  # the counts add up over runs: each run has its own rate
         while (elapsed := time.monotonic() - start) < seconds:
@@ -273,6 +274,8 @@ class Churn:
             while self.counts["events"] < target:
                 self.counts["events"] += self.step()
             self.probes.flush()
+            if between is not None:
+                between()
             time.sleep(TICK)
         # Give every released claim its device back, so the fleet ends as it started.
         while self.released:
@@ -306,13 +309,31 @@ def main() -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     churn = Churn(sim, held, taintable, run_dir)
+    servers = [server]
+
+    def restart_if_asked() -> None:
+        restart = run_dir / "restart.go"
+        if not restart.exists():
+            return
+        # An API server restart whose etcd compacted meanwhile: every open watch ends, the server is
+        # away for ``down`` seconds, and every resume from an older resourceVersion gets 410 Gone.
+        params = json.loads(restart.read_text())
+        restart.unlink()
+        port = servers[0].server_address[1]
+        servers[0].stop()
+        time.sleep(float(params.get("down", 3)))
+        sim.compact()
+        servers[0] = SimulatorAPIServer(sim, servers[0].token, port=port)
+        servers[0].serve_in_thread()
+        (run_dir / "restart.done").write_text(json.dumps({"t": time.time()}))
+
     while not stop.wait(0.1):
         go = run_dir / "churn.go"
         if go.exists():
             params = json.loads(go.read_text())
             go.unlink()
             t = time.time()
-            churn.run(float(params["rate"]), float(params["seconds"]))
+            churn.run(float(params["rate"]), float(params["seconds"]), restart_if_asked)
             done = {
                 **churn.counts,
                 "started": t,
@@ -320,26 +341,14 @@ def main() -> int:
                 "resource_version": sim.resource_version,
             }
             (run_dir / "churn.done").write_text(json.dumps(done))
-        restart = run_dir / "restart.go"
-        if restart.exists():
-            # An API server restart whose etcd compacted meanwhile: every open watch ends, the server is
-            # away for ``down`` seconds, and every resume from an older resourceVersion gets 410 Gone.
-            params = json.loads(restart.read_text())
-            restart.unlink()
-            port = server.server_address[1]
-            server.stop()
-            time.sleep(float(params.get("down", 3)))
-            sim.compact()
-            server = SimulatorAPIServer(sim, server.token, port=port)
-            server.serve_in_thread()
-            (run_dir / "restart.done").write_text(json.dumps({"t": time.time()}))
+        restart_if_asked()
         change = run_dir / "change.go"
         if change.exists():
             change.unlink()
             churn.toggle_taint()
             churn.probes.flush()
             (run_dir / "change.done").write_text(json.dumps({"t": time.time()}))
-    server.stop()
+    servers[0].stop()
     return 0
 
 
