@@ -46,9 +46,8 @@ class PendingConsumer(SessionBoundConsumer, AsyncJsonWebsocketConsumer):
             return
         self.cluster = query.cluster
         self.dirty = set()
-        await self.join_session_group()
-        await self.channel_layer.group_add(settings.CLAIMSCOPE_INGEST_GROUP, self.channel_name)
-        await self.channel_layer.group_add(PENDING_GROUP, self.channel_name)
+        if not await self.join_groups(settings.CLAIMSCOPE_INGEST_GROUP, PENDING_GROUP):
+            return
         await self.accept()
         self.version = 1
         await self.send_json({"type": "hello", "version": self.version})
@@ -56,10 +55,9 @@ class PendingConsumer(SessionBoundConsumer, AsyncJsonWebsocketConsumer):
     async def disconnect(self, code: int) -> None:
         if self.flusher is not None:
             self.flusher.cancel()
-        await self.leave_session_group()
-        if hasattr(self, "dirty"):
-            await self.channel_layer.group_discard(settings.CLAIMSCOPE_INGEST_GROUP, self.channel_name)
-            await self.channel_layer.group_discard(PENDING_GROUP, self.channel_name)
+        await self.leave_groups(
+            *([settings.CLAIMSCOPE_INGEST_GROUP, PENDING_GROUP] if hasattr(self, "dirty") else [])
+        )
 
     async def fleet_change(self, event: dict[str, Any]) -> None:
         if event.get("kind") in RELEVANT_KINDS:

@@ -8,6 +8,7 @@ client address and the path.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 from collections.abc import Callable
@@ -21,29 +22,31 @@ from django.conf import settings
 from django.contrib.auth.signals import user_logged_in, user_logged_out, user_login_failed
 from django.dispatch import receiver
 from django.http import HttpRequest, HttpResponse
+from redis.exceptions import RedisError
 
 from dashboard import audit
-from dashboard.views import healthz
+from dashboard.views import healthz, readyz
 
 log = logging.getLogger("claimscope.security")
 
-PROBE_PATH = "/healthz"
+PROBES = {"/healthz": healthz, "/readyz": readyz}
 
 
 class ProbeMiddleware:
-    """Answers ``GET /healthz`` before host validation and the HTTPS redirect.
+    """Answers ``GET /healthz`` and ``/readyz`` before host validation and the HTTPS redirect.
 
     Kubelet and Docker probes call the pod's own address over plain http: with ``ALLOWED_HOSTS`` set to the
     public name and ``SECURE_SSL_REDIRECT`` on, they would get a 400 or a 301 instead of the health status.
-    The answer carries no data beyond ``{"status": ...}``. Must be first in ``MIDDLEWARE``.
+    The answer carries only check results and counts (dashboard/health.py). Must be first in ``MIDDLEWARE``.
     """
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
-        if request.path_info == PROBE_PATH and request.method in ("GET", "HEAD"):
-            return healthz(request)
+        probe = PROBES.get(request.path_info)
+        if probe is not None and request.method in ("GET", "HEAD"):
+            return probe(request)
         return self.get_response(request)
 
 
@@ -145,6 +148,10 @@ def session_group(session_key: str | None, user_id: Any) -> str:
 
 SESSION_ENDED = 4401  # websocket close code: the login session behind the socket ended
 BAD_QUERY = 4400  # websocket close code: a query-string parameter is invalid (an error message precedes it)
+LAYER_UNAVAILABLE = 1013  # "try again later": the channel layer (Redis) did not answer while connecting
+LAYER_LOST = 1012  # "service restart": the channel layer lost Redis, and with it this socket's groups
+LAYER_TIMEOUT = 5.0  # seconds for joining the groups, per attempt
+LAYER_ERRORS = (RedisError, OSError, TimeoutError)
 T = TypeVar("T")
 
 
@@ -187,9 +194,47 @@ class SessionBoundConsumer:
         self.session_group = session_group(getattr(session, "session_key", None), getattr(user, "pk", None))
         await self.channel_layer.group_add(self.session_group, self.channel_name)
 
+    async def join_groups(self, *groups: str) -> bool:
+        """Join the session group and ``groups``. False after refusing the socket cleanly (accept, then
+        close with 1013) when the channel layer does not answer: never a 500 or a hanging handshake.
+
+        Tried twice: after a Redis restart the first command on a pooled connection fails, and the
+        next one connects again."""
+        failure: BaseException | None = None
+        for attempt in range(2):
+            try:
+                async with asyncio.timeout(LAYER_TIMEOUT):
+                    await self.join_session_group()
+                    for group in groups:
+                        await self.channel_layer.group_add(group, self.channel_name)
+                return True
+            except LAYER_ERRORS as exc:
+                failure = exc
+                if attempt == 0:
+                    await asyncio.sleep(0.2)
+        log.warning("websocket refused: channel layer unavailable (%s: %s)", type(failure).__name__, failure)
+        await self.accept()  # type: ignore[attr-defined]
+        await self.close(code=LAYER_UNAVAILABLE)  # type: ignore[attr-defined]
+        return False
+
+    async def leave_groups(self, *groups: str) -> None:
+        """Leave the session group and ``groups``; a channel layer that went away has forgotten them."""
+        try:
+            async with asyncio.timeout(LAYER_TIMEOUT):
+                if self.session_group is not None:
+                    await self.channel_layer.group_discard(self.session_group, self.channel_name)
+                for group in groups:
+                    await self.channel_layer.group_discard(group, self.channel_name)
+        except LAYER_ERRORS as exc:
+            log.info("websocket closed without leaving its groups: %s: %s", type(exc).__name__, exc)
+
     async def leave_session_group(self) -> None:
-        if self.session_group is not None:
-            await self.channel_layer.group_discard(self.session_group, self.channel_name)
+        await self.leave_groups()
+
+    async def channel_lost(self, event: dict[str, Any]) -> None:
+        """The channel layer lost Redis (dashboard/channel_layer.py): this socket's groups are gone, so it
+        closes and the page reconnects and joins again."""
+        await self.close(code=LAYER_LOST)  # type: ignore[attr-defined]
 
     async def session_end(self, event: dict[str, Any]) -> None:
         await self.close(code=SESSION_ENDED)  # type: ignore[attr-defined]

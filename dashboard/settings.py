@@ -134,7 +134,8 @@ if REDIS_URL:
     # websocket consumer then dies with "Timeout reading" whenever its event loop lags. Read longer.
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            # channels-redis, closing sockets cleanly when Redis goes away (dashboard/channel_layer.py)
+            "BACKEND": "dashboard.channel_layer.ReconnectingRedisChannelLayer",
             "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 15}]},
         }
     }
@@ -159,13 +160,17 @@ CELERY_TASK_ROUTES = {"fleet.tasks.*": {"queue": "watch"}}
 CELERY_BEAT_SCHEDULE = {
     "restart-lapsed-streams": {
         "task": "fleet.tasks.restart_lapsed_streams",
-        "schedule": float(env_int("CLAIMSCOPE_WATCH_BEAT_SECONDS", 30, minimum=1)),
+        # With the 10 s lock: a lost worker's streams run again within about 10-13 s (docs/watchers.md).
+        "schedule": float(env_int("CLAIMSCOPE_WATCH_BEAT_SECONDS", 3, minimum=1)),
     }
 }
 CLAIMSCOPE_WATCH_TIMEOUT = env_int("CLAIMSCOPE_WATCH_TIMEOUT", 0, minimum=0)  # 0: random 5-10 minutes
-CLAIMSCOPE_WATCH_LOCK_TTL = env_int("CLAIMSCOPE_WATCH_LOCK_TTL", 30, minimum=1)
+CLAIMSCOPE_WATCH_LOCK_TTL = env_int("CLAIMSCOPE_WATCH_LOCK_TTL", 10, minimum=1)
 CLAIMSCOPE_WATCH_FORBIDDEN_RETRY = env_int("CLAIMSCOPE_WATCH_FORBIDDEN_RETRY", 300, minimum=1)
 CLAIMSCOPE_WATCH_BACKOFF_MAX = env_int("CLAIMSCOPE_WATCH_BACKOFF_MAX", 30, minimum=1)
+# A file a worker's consumer touches every 10 s while it consumes (dashboard/celery.py), for a liveness
+# probe that fails when the consumer is dead but the process is not. Empty: none.
+CLAIMSCOPE_WORKER_ALIVE_FILE = env_str("CLAIMSCOPE_WORKER_ALIVE_FILE", "")
 # Build the heatmap's GPU cache in the background when the ASGI server starts (fleet.feed.warm), so the
 # first page after a deploy does not pay the one full read of the fleet (seconds on 40k GPUs).
 CLAIMSCOPE_WARM_HEATMAP = env_bool("CLAIMSCOPE_WARM_HEATMAP", False)

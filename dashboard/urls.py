@@ -12,6 +12,7 @@ urlpatterns = [
     path("", views.home, name="home"),
     path("healthz", views.healthz, name="healthz"),
     path("metrics", metrics.metrics, name="metrics"),
+    path("readyz", views.readyz, name="readyz"),
     path(
         "accounts/login/",
         auth_views.LoginView.as_view(

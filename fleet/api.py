@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.db.models import QuerySet
+from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import exceptions
@@ -19,7 +20,7 @@ from fleet import api_filters, api_selectors, feed, heatmap
 from fleet import api_serializers as rows
 from fleet.api_base import StrictContentNegotiation, ValuesListViewSet, ValuesViewSet, reject_empty
 from fleet.filters import PARAMETERS, STATES, FilterError, parse_filters
-from fleet.models import AllocationSample, Cluster, Device, DeviceClass, Node, WatchCursor
+from fleet.models import AllocationSample, Cluster, Device, DeviceClass, Node, WatchCursor, stream_status
 
 # The FleetFilter rules (fleet/filters.py) as schema patterns, so clients (and fuzzers) know them.
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$"
@@ -46,17 +47,26 @@ class ClusterViewSet(ValuesViewSet):
 
 
 class StreamViewSet(ValuesViewSet):
-    """Watch streams, one per (cluster, kind): resourceVersion, state, last event and last error."""
+    """Watch streams, one per (cluster, kind): resourceVersion, state, last event and last error.
+
+    ``status`` is the state as it is now: ``stale`` when no worker has vouched for the stream within its
+    lease (``lease_until`` passed), else ``state``, the one a worker last wrote."""
 
     queryset = WatchCursor.objects.all()
     serializer_class = rows.StreamRow
     filterset_class = api_filters.StreamFilter
     fields = (
         "id", "cluster__name", "kind", "resource_version", "state", "object_count",
-        "last_event_at", "last_error", "last_error_at", "updated_at",
+        "last_event_at", "last_error", "last_error_at", "updated_at", "lease_until",
     )  # fmt: skip
     renames = CLUSTER
     ordering_fields = ("id", "kind", "state")
+
+    def decorate(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        now = timezone.now()
+        for row in rows:
+            row["status"] = stream_status(row["state"], row["lease_until"], now)
+        return rows
 
 
 class NodeViewSet(ValuesViewSet):

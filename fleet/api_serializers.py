@@ -24,12 +24,17 @@ class StreamRow(s.Serializer):
     cluster = s.CharField()
     kind = s.CharField()
     resource_version = s.CharField(help_text="Integer of up to 128 bits, as a string")
-    state = s.ChoiceField(choices=WatchCursor.STATES)
+    state = s.ChoiceField(choices=WatchCursor.STATES, help_text="The state a worker last wrote")
+    status = s.ChoiceField(
+        choices=[*WatchCursor.STATES, ("stale", "stale")],
+        help_text="The state now: stale when no worker has reported within the lease, else state",
+    )
     object_count = s.IntegerField()
     last_event_at = s.DateTimeField(allow_null=True)
     last_error = s.CharField(allow_blank=True)
     last_error_at = s.DateTimeField(allow_null=True)
     updated_at = s.DateTimeField()
+    lease_until = s.DateTimeField(allow_null=True, help_text="Until when a worker vouches for the stream")
 
 
 class KubeRow(s.Serializer):

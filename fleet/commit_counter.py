@@ -10,10 +10,33 @@ a reader that sees the new count also sees the committed rows.
 from __future__ import annotations
 
 import logging
+import threading
+import time
 
 from django.core.cache import cache
+from kombu.exceptions import OperationalError as BrokerError
+from redis.exceptions import RedisError
 
 log = logging.getLogger(__name__)
+
+OUTAGE_LOG_SECONDS = 30.0
+_outage_logged: dict[str, float] = {}
+_outage_lock = threading.Lock()
+
+
+def log_failure(logger: logging.Logger, message: str, exc: BaseException) -> None:
+    """Log a failed side effect of ingest: with its traceback, unless Redis is unreachable; then one line
+    per ``message`` every ``OUTAGE_LOG_SECONDS`` (an outage would otherwise log a traceback per batch)."""
+    if not isinstance(exc, (RedisError, OSError, BrokerError)):  # BrokerError: Celery's enqueue
+        logger.error(message, exc_info=exc)
+        return
+    now = time.monotonic()
+    with _outage_lock:
+        if now - _outage_logged.get(message, -OUTAGE_LOG_SECONDS) < OUTAGE_LOG_SECONDS:
+            return
+        _outage_logged[message] = now
+    logger.warning("%s: Redis unreachable (%s: %s)", message, type(exc).__name__, exc)
+
 
 KEY = "fleet:commits"
 
@@ -24,8 +47,8 @@ def bump() -> None:
     try:
         if not cache.add(KEY, 1, timeout=None):
             cache.incr(KEY)
-    except Exception:
-        log.exception("could not count a fleet commit; cached overviews may lag until they expire")
+    except Exception as exc:
+        log_failure(log, "could not count a fleet commit; cached overviews may lag until they expire", exc)
 
 
 def current() -> int:

@@ -81,8 +81,8 @@ class FleetConsumer(SessionBoundConsumer, AsyncJsonWebsocketConsumer):
         self.feed = fleet_feed.FleetFeed(filters)
         self.lock = asyncio.Lock()
         self.vis = await database_sync_to_async(visibility_for)(user)
-        await self.join_session_group()
-        await self.channel_layer.group_add(settings.CLAIMSCOPE_INGEST_GROUP, self.channel_name)
+        if not await self.join_groups(settings.CLAIMSCOPE_INGEST_GROUP):
+            return
         fleet_feed.CACHE.listen()  # after joining: the cache checks everything if nobody listened before
         self.listening = True
         try:
@@ -99,9 +99,7 @@ class FleetConsumer(SessionBoundConsumer, AsyncJsonWebsocketConsumer):
         if self.listening:
             fleet_feed.CACHE.unlisten()
             self.listening = False
-        await self.leave_session_group()
-        if hasattr(self, "feed"):
-            await self.channel_layer.group_discard(settings.CLAIMSCOPE_INGEST_GROUP, self.channel_name)
+        await self.leave_groups(*([settings.CLAIMSCOPE_INGEST_GROUP] if hasattr(self, "feed") else []))
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
         if isinstance(content, dict) and content.get("type") == "resync":

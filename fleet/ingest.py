@@ -25,6 +25,8 @@ from typing import Any, Literal
 import orjson
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connection, connections, models, transaction
+from django.db.models import F, Value
+from django.db.models.functions import Greatest
 from django.utils import timezone
 
 from fleet import commit_counter, counts
@@ -145,7 +147,7 @@ def apply_batch(
         after = _child_pools(cluster, spec, touched) if result.changed else set()
         result.pools = None if pools is None or after is None else pools | after
         if cursor:
-            _save_cursor(cluster, kind, cursor)
+            _save_cursor(cluster, kind, cursor, forward_only=True)
         _publish_on_commit(cluster, result)
     return result
 
@@ -742,15 +744,22 @@ def _common_row(record: Any) -> dict[str, Any]:
     return row
 
 
-def _save_cursor(cluster: Cluster, kind: str, cursor: CursorUpdate) -> None:
-    defaults: dict[str, Any] = {
-        "resource_version": Decimal(cursor.resource_version),
-        "state": cursor.state,
-        "last_event_at": timezone.now(),
-    }
+def _save_cursor(cluster: Cluster, kind: str, cursor: CursorUpdate, forward_only: bool = False) -> None:
+    """Save the stream's position. ``forward_only`` (watch batches): never move the cursor back. Two
+    writers overlap when a worker was frozen or cut off longer than the lock's TTL and another took the
+    stream over; the late one's batch must not make the next round resume from an older version (the
+    rows have their own fence). A relist sets the position as listed: after a 410 the history may be new."""
+    rv = Decimal(cursor.resource_version)
+    defaults: dict[str, Any] = {"state": cursor.state, "last_event_at": timezone.now()}
     if cursor.objects is not None:
         defaults["object_count"] = cursor.objects
-    WatchCursor.objects.update_or_create(cluster=cluster, kind=kind, defaults=defaults)
+    position = Greatest(F("resource_version"), Value(rv, output_field=models.DecimalField()))
+    WatchCursor.objects.update_or_create(
+        cluster=cluster,
+        kind=kind,
+        defaults={**defaults, "resource_version": position if forward_only else rv},
+        create_defaults={**defaults, "resource_version": rv},
+    )
 
 
 # ------------------------------------------------------------------------------------------- events
@@ -878,8 +887,11 @@ def _notify(event: dict[str, Any]) -> None:
     for listener in _listeners:
         try:
             listener(event)
-        except Exception:  # a listener's failure must not undo or block ingestion
-            log.exception("change listener %r failed for %s %s", listener, event["cluster"], event["kind"])
+        except Exception as exc:  # a listener's failure must not undo or block ingestion
+            name = getattr(listener, "__qualname__", repr(listener))
+            commit_counter.log_failure(
+                log, f"change listener {name} failed for {event['cluster']} {event['kind']}", exc
+            )
 
 
 def notify_imported(cluster: Cluster) -> None:
@@ -909,8 +921,10 @@ def publish(event: dict[str, Any]) -> None:
             task.add_done_callback(_pending.discard)
         else:
             async_to_sync(layer.group_send)(settings.CLAIMSCOPE_INGEST_GROUP, event)
-    except Exception:  # the database is the truth; a lost notification only delays a page update
-        log.exception("could not publish change event for %s %s", event["cluster"], event["kind"])
+    except Exception as exc:  # the database is the truth; a lost notification only delays a page update
+        commit_counter.log_failure(
+            log, f"could not publish change events for {event['cluster']} {event['kind']}", exc
+        )
 
 
 _pending: set[asyncio.Task[None]] = set()  # keeps scheduled sends alive until done

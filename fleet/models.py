@@ -7,6 +7,8 @@ integer of up to 128 bits: comparable from Kubernetes 1.35 on) and its raw JSON 
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from django.conf import settings
 from django.db import models
 
@@ -175,12 +177,27 @@ class WatchCursor(models.Model):
     last_error = models.TextField(blank=True)
     last_error_at = models.DateTimeField(null=True)
     updated_at = models.DateTimeField(auto_now=True)
+    # Until when the stream's worker has vouched for it: its heartbeat pushes this forward while a round
+    # runs, and a round's end sets it past the delay before the next round. Past it, ``state`` is only
+    # what a worker last wrote, not what is happening: see :func:`stream_status`.
+    lease_until = models.DateTimeField(null=True)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["cluster", "kind"], name="cursor_stream")]
 
     def __str__(self) -> str:
         return f"{self.cluster_id}/{self.kind}@{self.resource_version}"
+
+    def status(self, now: datetime) -> str:
+        return stream_status(self.state, self.lease_until, now)
+
+
+def stream_status(state: str, lease_until: datetime | None, now: datetime) -> str:
+    """A stream's state as it is now: ``stale`` when no worker has reported within the lease (dead,
+    frozen, cut off from the database, or never started since leases exist), else the recorded state."""
+    if lease_until is None or lease_until < now:
+        return "stale"
+    return state
 
 
 class AllocationSample(models.Model):

@@ -12,7 +12,7 @@ import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any, cast
 
 from django.core.cache import cache
@@ -20,6 +20,7 @@ from django.db import connection
 
 from fleet import counts, selectors
 from fleet.filters import FleetFilter
+from fleet.models import stream_status
 from fleet.normalize import FULL_GPU_SLICES
 from fleet.selectors import (
     CounterSets,
@@ -33,7 +34,6 @@ from fleet.selectors import (
     unavailable_devices,
 )
 
-STALE_AFTER = timedelta(minutes=5)  # no event or bookmark for this long: the stream is stale
 _SLICE = re.compile(r"^memory-?[sS]lice-?(\d+)$")  # static: capacity memorySliceN; dynamic: memory-slice-N
 
 
@@ -156,16 +156,15 @@ class StreamHealth:
 
 
 def stream_health(cursors: Iterable[Any], now: datetime) -> list[StreamHealth]:
-    """Each stream's status: its own error state first, then stale when silent for ``STALE_AFTER``."""
+    """Each stream's status: stale when no worker vouches for it (its lease lapsed: a quiet cluster with a
+    live worker is not stale, a dead worker's last "watching" is), else its own error state, else ok."""
     out = []
     for c in cursors:
-        seen = c.last_event_at or c.updated_at
-        if c.state in ("forbidden", "error", "backoff"):
-            status = c.state
+        state = stream_status(c.state, c.lease_until, now)
+        if state in ("stale", "forbidden", "error", "backoff"):
+            status = state
         elif c.state in ("idle", "listing") and c.last_event_at is None:
             status = "starting"
-        elif seen is None or now - seen > STALE_AFTER:
-            status = "stale"
         else:
             status = "ok"
         out.append(

@@ -13,6 +13,8 @@ Commands are files the orchestrator drops into ``RUN_DIR`` (polled every 100 ms)
   and 5 % of the events toggle a health taint on a whole-GPU slice (1 event). Every change the heatmap
   shows (a full GPU 7/7 <-> 0/7, a taint flag) is written to ``probes.jsonl`` with the wall-clock time of
   the write: ``[t, row key, gpu index, "slices"|"tainted", expected value]``. ``churn.done`` gets the counts.
+* ``restart.go``: ``{"down": seconds}``: the API server stops (every watch ends), stays away, compacts its
+  history (resumes get 410 Gone) and serves again on the same port; answered by ``restart.done``.
 * ``change.go``: one fleet change (a taint on one GPU), for the diagnosis timing; answered by ``change.done``.
 
 Why our own process and not ``manage.py simulate``: that command serves the small "monday" scenario; the
@@ -263,13 +265,17 @@ class Churn:
         self.counts["reallocated"] += 1
         return 2
 
-    def run(self, rate: float, seconds: float) -> None:
+    def run(self, rate: float, seconds: float, between: Any = None) -> None:
+        """``between``: called every tick, so commands (an API server restart) run during the churn."""
         start = time.monotonic()
+        base = self.counts["events"]  # the counts add up over runs: each run has its own rate
         while (elapsed := time.monotonic() - start) < seconds:
-            target = int(rate * elapsed)
+            target = base + int(rate * elapsed)
             while self.counts["events"] < target:
                 self.counts["events"] += self.step()
             self.probes.flush()
+            if between is not None:
+                between()
             time.sleep(TICK)
         # Give every released claim its device back, so the fleet ends as it started.
         while self.released:
@@ -303,13 +309,31 @@ def main() -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     churn = Churn(sim, held, taintable, run_dir)
+    servers = [server]
+
+    def restart_if_asked() -> None:
+        restart = run_dir / "restart.go"
+        if not restart.exists():
+            return
+        # An API server restart whose etcd compacted meanwhile: every open watch ends, the server is
+        # away for ``down`` seconds, and every resume from an older resourceVersion gets 410 Gone.
+        params = json.loads(restart.read_text())
+        restart.unlink()
+        port = servers[0].server_address[1]
+        servers[0].stop()
+        time.sleep(float(params.get("down", 3)))
+        sim.compact()
+        servers[0] = SimulatorAPIServer(sim, servers[0].token, port=port)
+        servers[0].serve_in_thread()
+        (run_dir / "restart.done").write_text(json.dumps({"t": time.time()}))
+
     while not stop.wait(0.1):
         go = run_dir / "churn.go"
         if go.exists():
             params = json.loads(go.read_text())
             go.unlink()
             t = time.time()
-            churn.run(float(params["rate"]), float(params["seconds"]))
+            churn.run(float(params["rate"]), float(params["seconds"]), restart_if_asked)
             done = {
                 **churn.counts,
                 "started": t,
@@ -317,13 +341,14 @@ def main() -> int:
                 "resource_version": sim.resource_version,
             }
             (run_dir / "churn.done").write_text(json.dumps(done))
+        restart_if_asked()
         change = run_dir / "change.go"
         if change.exists():
             change.unlink()
             churn.toggle_taint()
             churn.probes.flush()
             (run_dir / "change.done").write_text(json.dumps({"t": time.time()}))
-    server.stop()
+    servers[0].stop()
     return 0
 
 

@@ -10,16 +10,19 @@ from __future__ import annotations
 import logging
 import random
 import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import redis
 from django.conf import settings
-from django.db import DatabaseError, close_old_connections
+from django.db import DatabaseError, close_old_connections, connection
 
 from fleet import clusters, ingest
 from fleet.kube.kubesource import KubeConfigError
 from fleet.kube.lock import Heartbeat, StreamLock
-from fleet.kube.reflector import Reflector, Round, StreamConfig
+from fleet.kube.reflector import Reflector, Round, StreamConfig, record_leases
 from fleet.kube.source import Source
 from fleet.normalize import KINDS
 
@@ -37,11 +40,12 @@ def stream_config() -> StreamConfig:
         watch_timeout=timeout or float(random.randint(300, 600)),
         forbidden_retry=float(getattr(settings, "CLAIMSCOPE_WATCH_FORBIDDEN_RETRY", 300)),
         backoff_max=float(getattr(settings, "CLAIMSCOPE_WATCH_BACKOFF_MAX", 30)),
+        lease=lock_ttl(),
     )
 
 
 def lock_ttl() -> float:
-    return float(getattr(settings, "CLAIMSCOPE_WATCH_LOCK_TTL", 30))
+    return float(getattr(settings, "CLAIMSCOPE_WATCH_LOCK_TTL", 10))
 
 
 def source_for(config: clusters.ClusterConfig) -> Source:
@@ -86,7 +90,69 @@ def run_round(name: str, kind: str, stop: threading.Event, failures: int = 0) ->
         log.error("%s/%s: %s", name, kind, exc)
         Reflector(cluster, kind, _NoSource(), config).record_state("error", str(exc))
         return Round("error", config.forbidden_retry, failures)
-    return Reflector(cluster, kind, source, config).round(stop, failures)
+    with _leases.held(cluster.pk, kind):
+        result = Reflector(cluster, kind, source, config).round(stop, failures)
+    _promise_next_round(cluster.pk, name, kind, result.delay + config.lease)
+    return result
+
+
+def _promise_next_round(cluster_id: int, name: str, kind: str, seconds: float) -> None:
+    """The stream stays vouched for until its next round is due (after the delay) plus a lease."""
+    try:
+        record_leases([(cluster_id, kind)], seconds)
+    except DatabaseError as exc:  # the round just recorded that; the next round renews the lease
+        log.warning("%s/%s: cannot extend the lease: %s", name, kind, exc)
+        close_old_connections()
+
+
+class _Leases:
+    """The streams running in this process; one thread renews all their leases every third of a lease.
+
+    The lease is how ``clusters``, the overview, the API and the readiness check tell a running stream
+    from one whose worker died, froze or lost the database (``fleet.models.stream_status``). One thread
+    and one statement for all streams: a thread per stream would cost a database connection each."""
+
+    def __init__(self) -> None:
+        self._held: dict[tuple[int, str], int] = {}
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    @contextmanager
+    def held(self, cluster_id: int, kind: str) -> Iterator[None]:
+        key = (cluster_id, kind)
+        with self._lock:
+            self._held[key] = self._held.get(key, 0) + 1
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._renew, name="stream leases", daemon=True)
+                self._thread.start()
+        try:
+            yield
+        finally:
+            with self._lock:
+                left = self._held.pop(key) - 1
+                if left:
+                    self._held[key] = left
+
+    def _renew(self) -> None:
+        try:
+            while True:
+                with self._lock:
+                    keys = list(self._held)
+                    if not keys:
+                        self._thread = None
+                        return
+                lease = lock_ttl()
+                try:
+                    record_leases(keys, lease)
+                except DatabaseError as exc:  # the streams see it too; the lease lapses and says so
+                    log.warning("cannot renew the leases of %d stream(s): %s", len(keys), exc)
+                    close_old_connections()
+                time.sleep(lease / 3)
+        finally:
+            connection.close()  # this thread's own connection
+
+
+_leases = _Leases()
 
 
 class _NoSource:

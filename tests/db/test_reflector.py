@@ -149,3 +149,13 @@ def test_connection_errors_back_off_and_recover(cluster, sim):
     assert source.failures == 0
     assert names() == ["node-0", "node-1", "node-2"]
     assert "connection refused" in WatchCursor.objects.get(cluster=cluster, kind="Node").last_error
+
+
+def test_a_late_writer_never_moves_the_cursor_back_but_a_relist_sets_it(cluster):
+    # Two writers overlap when a frozen worker wakes after another took its stream over: the late batch
+    # (an older resourceVersion) must not make the next round resume from before the newer one.
+    ingest.apply_batch(cluster, "Node", [], cursor=ingest.CursorUpdate(500))
+    ingest.apply_batch(cluster, "Node", [], cursor=ingest.CursorUpdate(420))
+    assert WatchCursor.objects.get(cluster=cluster, kind="Node").resource_version == 500
+    ingest.replace_all(cluster, "Node", [], 30)  # a relist after a 410: the history may have restarted
+    assert WatchCursor.objects.get(cluster=cluster, kind="Node").resource_version == 30

@@ -361,14 +361,20 @@ def test_the_roles_run_the_right_commands_with_probes(manifests):
     web = by_name["web"]["spec"]["template"]["spec"]
     assert web["containers"][0]["command"][:2] == ["uvicorn", "dashboard.asgi:application"]
     assert web["initContainers"][0]["command"] == ["python", "manage.py", "migrate", "--noinput"]
-    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-        assert web["containers"][0][probe]["httpGet"]["path"] == "/healthz"
+    paths = {
+        p: web["containers"][0][p]["httpGet"]["path"]
+        for p in ("startupProbe", "readinessProbe", "livenessProbe")
+    }
+    assert paths == {"startupProbe": "/healthz", "readinessProbe": "/readyz", "livenessProbe": "/healthz"}
     queues = {}
     for name in ("worker-watch", "worker"):
         container = by_name[name]["spec"]["template"]["spec"]["containers"][0]
         queue = next(a for a in container["command"] if a.startswith("--queues=")).split("=")[1]
         queues[queue] = name
-        assert "inspect ping" in container["livenessProbe"]["exec"]["command"][-1]
+        assert "CLAIMSCOPE_WORKER_ALIVE_FILE" in container["livenessProbe"]["exec"]["command"][-1]
+        assert {e["name"]: e["value"] for e in container["env"]}["CLAIMSCOPE_WORKER_ALIVE_FILE"].startswith(
+            "/tmp/"
+        )
     assert queues == {"watch": "worker-watch", "celery": "worker"}
     # The watch streams run as threads of one process, enough for two clusters' seven streams each.
     watch = by_name["worker-watch"]["spec"]["template"]["spec"]["containers"][0]["command"]

@@ -87,16 +87,28 @@ def test_filters_narrow_the_heatmap_and_the_page_keeps_them_as_a_permalink(signe
 
 
 def test_the_overview_counts_devices_by_state_and_flags_unhealthy_streams(signed_in, fleet):
+    vouched = timezone.now() + timedelta(seconds=30)  # a worker renews the lease
     WatchCursor.objects.create(
-        cluster=fleet, kind="ResourceSlice", state="forbidden", last_error="forbidden: list"
+        cluster=fleet,
+        kind="ResourceSlice",
+        state="forbidden",
+        last_error="forbidden: list",
+        lease_until=vouched,
     )
-    WatchCursor.objects.create(
+    WatchCursor.objects.create(  # its worker is gone: the lease lapsed, "watching" is no longer true
         cluster=fleet,
         kind="ResourceClaim",
         state="watching",
-        last_event_at=timezone.now() - timedelta(hours=1),
+        last_event_at=timezone.now() - timedelta(seconds=10),
+        lease_until=timezone.now() - timedelta(seconds=1),
     )
-    WatchCursor.objects.create(cluster=fleet, kind="Node", state="watching", last_event_at=timezone.now())
+    WatchCursor.objects.create(  # a quiet cluster: no event for an hour, but its worker reports
+        cluster=fleet,
+        kind="Node",
+        state="watching",
+        last_event_at=timezone.now() - timedelta(hours=1),
+        lease_until=vouched,
+    )
     page = signed_in.get("/fleet/").content.decode()
     assert 'id="stream-alert"' in page and "2 streams not healthy" in page
     assert 'data-status="forbidden"' in page and 'data-status="stale"' in page and 'data-status="ok"' in page

@@ -24,8 +24,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def server(viewer):
     # The layer this configuration runs: Redis in production, the in-memory one of the embedded default.
     layer = str(settings.CHANNEL_LAYERS["default"]["BACKEND"])
-    expected = "channels_redis" if connection.vendor == "postgresql" else "channels.layers.InMemory"
-    if not layer.startswith(expected):
+    expected = "RedisChannelLayer" if connection.vendor == "postgresql" else "channels.layers.InMemory"
+    if expected not in layer:
         pytest.fail(f"the logout test expected the {expected} channel layer, got {layer} (run `make test`)")
     with asgi_server() as base:
         yield base

@@ -155,10 +155,13 @@ class Worker:
         name: str,
         clusters: str,
         log_dir: Path,
+        *,
         queues: str = "watch",
         beat: bool = True,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.log = log_dir / f"worker-{name}.log"
+        self.alive_file = log_dir / f"alive-{name}"  # what the manifests' probes read (k8s/base/worker.yaml)
         schedule = log_dir / f"beat-{name}"
         cmd = [
             str(ROOT / ".venv" / "bin" / "celery"),
@@ -183,7 +186,11 @@ class Worker:
             self.proc = subprocess.Popen(
                 cmd,
                 cwd=ROOT,
-                env=services.env(CLAIMSCOPE_CLUSTERS=clusters),
+                env=services.env(
+                    CLAIMSCOPE_CLUSTERS=clusters,
+                    CLAIMSCOPE_WORKER_ALIVE_FILE=str(self.alive_file),
+                    **(env or {}),
+                ),
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,

@@ -6,20 +6,25 @@ restarting those never disturbs anyone else; convergence is checked with `manage
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
+import subprocess
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import redis
+import yaml
 from celery import Celery
 
 from tests.controlplane.kube import wait_for
 from tests.controlplane.launcher import ControlPlane
 from tests.watch.helpers import make
-from tests.watch.services import REDIS_URL, PrivateServices, Worker, private_services
+from tests.watch.services import REDIS_URL, ROOT, PrivateServices, Worker, private_services
 
 CONVERGE = 90.0
 LOGS = Path(tempfile.gettempdir()) / "claimscope-watch-worker-logs"
@@ -36,7 +41,7 @@ def services() -> Iterator[PrivateServices]:
 @pytest.fixture
 def workers(
     services: PrivateServices, control_plane: ControlPlane, request: pytest.FixtureRequest
-) -> Iterator[Callable[[str, str], Worker]]:
+) -> Iterator[Callable[..., Worker]]:
     """Starts workers for a cluster; their logs stay in LOGS/<test name>/ for a post-mortem."""
     started: list[Worker] = []
     redis.Redis.from_url(REDIS_URL).flushdb()  # our private Redis: no messages left from another test
@@ -44,8 +49,8 @@ def workers(
     shutil.rmtree(log_dir, ignore_errors=True)
     log_dir.mkdir(parents=True)
 
-    def start(name: str, cluster: str) -> Worker:
-        worker = Worker(services, name, f"{cluster}=kubeconfig:{control_plane.kubeconfig}", log_dir)
+    def start(name: str, cluster: str, **env: str) -> Worker:
+        worker = Worker(services, name, f"{cluster}=kubeconfig:{control_plane.kubeconfig}", log_dir, env=env)
         started.append(worker)
         return worker
 
@@ -113,29 +118,26 @@ def test_two_workers_racing_for_one_stream_leave_one_writer(services, workers, k
     assert "Traceback" not in logs
 
 
-def test_streams_converge_after_a_redis_restart(services, workers, kube, control_plane):
+def test_a_worker_reconnects_after_a_redis_restart_and_goes_on_consuming(
+    services, workers, kube, control_plane
+):
     cluster = "redis-restart"
     worker = workers("w", cluster)
     converged(services, cluster, control_plane)
     services.restart_redis()  # every key is lost: locks, queued and unacknowledged messages
     create_nodes(kube, "x", 20).join()
-    outcome = wait_for(
-        "the worker to reconnect or fail",
-        lambda: (
-            ("failed" if "Unrecoverable error" in worker.output() else None)
-            or ("reconnected" if worker.output().count("Connected to redis://") >= 2 else None)
-        ),
-        timeout=60,
-    )
-    if outcome == "failed":
-        # kombu cannot restore unacknowledged messages to a Redis that went away, and the worker stops
-        # (upstream bug, see docs/watchers.md). Production runs workers under a supervisor with a liveness
-        # check, which replaces it; this models that. The streams must converge all the same.
-        worker.kill()
-        worker = workers("w-replaced", cluster)
+    # Stock kombu fails closing the lost channel ("Unrecoverable error: AttributeError(... 'hostname')")
+    # and the worker stops consuming; ours reconnects.
+    reconnected = lambda: worker.output().count("Connected to redis://") >= 2  # noqa: E731
+    wait_for("the worker to reconnect", reconnected, timeout=60)
     converged(services, cluster, control_plane)
     kube.delete("Node", "x-3")
+    # Rounds end every 8 s here (CLAIMSCOPE_WATCH_TIMEOUT) and come back through the queue, so this
+    # converges only if the worker consumes again after the restart.
     converged(services, cluster, control_plane)
+    rounds_after = worker.output().split("Connected to redis://")[-1]
+    assert "fleet.tasks.watch_stream" in rounds_after
+    assert "Unrecoverable error" not in worker.output()
     assert worker.proc.poll() is None
 
 
@@ -149,3 +151,43 @@ def test_streams_survive_a_postgresql_restart(services, workers, kube, control_p
     converged(services, cluster, control_plane)
     assert services.count(cluster, "fleet_node") == 100
     assert worker.proc.poll() is None
+
+
+def worker_probe(probe: str) -> list[str]:
+    """The exec command of a probe of the watch worker in the Kubernetes manifests."""
+    docs = yaml.safe_load_all((ROOT / "k8s" / "base" / "worker.yaml").read_text())
+    deployment = next(d for d in docs if d["metadata"]["name"] == "worker-watch")
+    return deployment["spec"]["template"]["spec"]["containers"][0][probe]["exec"]["command"]
+
+
+def test_the_manifests_worker_probes_fail_while_the_consumer_is_frozen(services, workers):
+    worker = workers("probed", "probed")
+    env = {**os.environ, "CLAIMSCOPE_WORKER_ALIVE_FILE": str(worker.alive_file)}
+
+    def passes(probe: str) -> bool:
+        return subprocess.run(worker_probe(probe), env=env, timeout=10).returncode == 0
+
+    wait_for("the worker to start consuming", lambda: passes("startupProbe"), timeout=60)
+    assert passes("readinessProbe") and passes("livenessProbe")
+    os.killpg(worker.proc.pid, signal.SIGSTOP)  # a frozen worker: alive to its supervisor, consuming nothing
+    try:
+        long_ago = time.time() - 120  # what two minutes of the frozen consumer leave behind
+        os.utime(worker.alive_file, (long_ago, long_ago))
+        assert not passes("readinessProbe") and not passes("livenessProbe")
+    finally:
+        os.killpg(worker.proc.pid, signal.SIGCONT)
+    wait_for("the consumer to report again", lambda: passes("livenessProbe"), timeout=30)
+
+
+def test_a_warm_shutdown_ends_every_round_at_once_and_the_next_worker_resumes(
+    services, workers, kube, control_plane
+):
+    cluster = "warm-stop"
+    first = workers("first", cluster, CLAIMSCOPE_WATCH_TIMEOUT="600")  # a round would otherwise last 10 min
+    converged(services, cluster, control_plane)
+    first.proc.send_signal(signal.SIGTERM)
+    first.proc.wait(60)  # raises if a round outlives the shutdown: the watches end only in 10 minutes
+    assert "Traceback" not in first.output()
+    create_nodes(kube, "w", 10).join()
+    workers("second", cluster, CLAIMSCOPE_WATCH_TIMEOUT="600")
+    converged(services, cluster, control_plane)
