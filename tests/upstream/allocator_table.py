@@ -13,6 +13,7 @@ This module turns one entry into the engine's inputs and states which entries ca
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -34,7 +35,15 @@ UNMODELLED_FEATURES = {
 }
 
 # Entries the engine cannot be fed, by upstream name. Each reason is listed in tests/controlplane/FINDINGS.md.
-SKIPPED: dict[str, str] = {}
+SKIPPED: dict[str, str] = {
+    "several-different-drivers": "two claims share one name (claim-0); the engine reports results per "
+    "namespace/name, which the API keeps unique",
+}
+
+# The scheduler plugin checks that every requested class exists before the allocator runs (PreFilter,
+# pkg/scheduler/framework/plugins/dynamicresources/dynamicresources.go:862 in v1.37.2), so the allocator's own
+# "could not retrieve device class" error never reaches a pod; the engine answers with the plugin's message.
+_MISSING_CLASS = re.compile(r"^claim \S+, request (\S+): could not retrieve device class (\S+): ")
 
 # Entries where the engine disagrees with upstream and is not fixed yet (strict: an xfail that starts passing
 # fails the run, so the list cannot go stale). Each reason is listed in tests/controlplane/FINDINGS.md.
@@ -113,9 +122,18 @@ class Case:
         ]
 
     @property
-    def expected_error(self) -> str | None:
+    def expected_error(self) -> tuple[str, str] | None:
+        """(kind, message) of the engine's failure, or None when upstream allocated (or found no fit)."""
         error = self.raw.get("error")
-        return str(error) if error is not None else None
+        if error is None:
+            return None
+        if self.raw.get("failedAllocationOnNode"):
+            # Wraps ErrFailedAllocationOnNode: the scheduler reports it as unschedulable on this node.
+            return ("unschedulable", str(error))
+        missing = _MISSING_CLASS.match(error)
+        if missing:
+            return ("error", f"request {missing[1]}: device class {missing[2]} does not exist")
+        return ("error", str(error))
 
     def expected_results(self) -> list[Obj]:
         return [normalize(r) for r in self.raw.get("results") or []]
