@@ -492,8 +492,10 @@ def _make_request(
         )
     capacity = ((spec.get("capacity") or {}).get("requests")) or {}
     if capacity and not features.consumable_capacity:
+        # Upstream names a subrequest by its own name here, not as "request/subrequest".
+        what = f"subrequest {name.rpartition('/')[2]}" if name != parent else f"request {name}"
         raise _Fatal(
-            f"claim {claim_name}, request {name}: has capacity requests, but the DRAConsumableCapacity "
+            f"claim {claim_name}, {what}: has capacity requests, but the DRAConsumableCapacity "
             "feature is disabled"
         )
     mode = spec.get("allocationMode") or "ExactCount"
@@ -601,7 +603,7 @@ class _Allocator:
                 if request.get("firstAvailable"):
                     if not self.features.prioritized_list:
                         raise _Fatal(
-                            f"resource claim {claim_name}, request {name}: has subrequests, but the "
+                            f"claim {claim_name}, request {name}: has subrequests, but the "
                             "DRAPrioritizedList feature is disabled"
                         )
                     subs = [
