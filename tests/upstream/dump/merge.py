@@ -24,7 +24,9 @@ def main() -> None:
     cases: dict[str, dict[str, Any]] = {}
     channels: dict[str, list[str]] = {}
     for path in (experimental, incubating):
-        for case in json.load(open(path)):
+        with open(path) as f:
+            recorded = json.load(f)
+        for case in recorded:
             name = case["name"]
             if name.startswith("interrupt/"):
                 continue  # context cancellation of the Go call, nothing to replay
@@ -44,6 +46,7 @@ def main() -> None:
     # One case per line keeps diffs between upstream versions readable.
     lines = ",\n".join(json.dumps(case, separators=(",", ":"), sort_keys=True) for case in out)
     sys.stdout.write(f'{{"source":"k8s.io/dynamic-resource-allocation@{version}","cases":[\n{lines}\n]}}\n')
+
 
 if __name__ == "__main__":
     main()
