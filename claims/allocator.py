@@ -758,7 +758,8 @@ class _Allocator:
         self, ci: int, request: _Request, c: _Candidate, must: bool
     ) -> Callable[[], None] | None:
         shared = bool(c.device.get("allowMultipleAllocations")) and self.features.consumable_capacity
-        if not shared and not request.admin_access and (c.key in self.in_use or c.key in self.allocating):
+        # A device held exclusively (by an allocated claim or this attempt) cannot be shared either.
+        if not request.admin_access and (c.key in self.in_use or c.key in self.allocating):
             return None
         if request.admin_access and any(r[1].key == c.key for r in self.results[ci]):
             return None  # admin access may reuse devices, but not within the same claim
@@ -837,12 +838,8 @@ class _Allocator:
                     continue
                 # "Checking for in use is cheap and thus gets done first": an allocated device's
                 # selectors are never evaluated, so a CEL error on it cannot abort scheduling.
-                if (
-                    not request.admin_access
-                    and (candidate.key in self.in_use or candidate.key in self.allocating)
-                    and not (
-                        candidate.device.get("allowMultipleAllocations") and self.features.consumable_capacity
-                    )
+                if not request.admin_access and (
+                    candidate.key in self.in_use or candidate.key in self.allocating
                 ):
                     continue
                 if not self._selectable(claim_name, request, candidate):

@@ -71,9 +71,6 @@ _COMPAT_GROUPS_OFF = (
     "does not read compatibilityGroups at all"
 )
 KNOWN_DIFFERENCES: dict[str, str] = {
-    "allow-multiple-allocations-not-allocate-multi-allocatable-device-which-already-dedicated": (
-        "the engine shares a multi-allocatable device that an existing claim holds exclusively"
-    ),
     "binding-conditions-without-feature-gate": (
         "the engine has no DRADeviceBindingConditions gate: with it off upstream skips devices with "
         "binding conditions"
