@@ -155,6 +155,7 @@ class _Baseline:
 
     size: tuple[int, int]
     in_use: set[DeviceKey]
+    shared: set[DeviceKey]
     counter_use: dict[tuple[str, str, str, str], Fraction]
     capacity_use: dict[tuple[DeviceKey, str], Fraction]
 
@@ -531,17 +532,22 @@ class _Allocator:
         baseline = snapshot._baseline
         if baseline is None or baseline.size != (len(snapshot.slices), len(snapshot.allocated_claims)):
             self.in_use: set[DeviceKey] = set()
+            self.shared: set[DeviceKey] = set()
             self.counter_use: dict[tuple[str, str, str, str], Fraction] = {}
             self.capacity_use: dict[tuple[DeviceKey, str], Fraction] = {}
             self._index_allocated()
             baseline = snapshot._baseline = _Baseline(
                 (len(snapshot.slices), len(snapshot.allocated_claims)),
                 self.in_use,
+                self.shared,
                 dict(self.counter_use),
                 dict(self.capacity_use),
             )
         # in_use is only read; the counters are changed (and undone) during the search: copy them.
         self.in_use = baseline.in_use
+        self.shared = baseline.shared
+        # Shares of a multi-allocatable device made in this attempt: its counters are charged by the first.
+        self.sharing: dict[DeviceKey, int] = {}
         self.counter_use = dict(baseline.counter_use)
         self.capacity_use = dict(baseline.capacity_use)
         self.claim_data: list[_ClaimData] = []
@@ -574,13 +580,16 @@ class _Allocator:
                         self.capacity_use[(key, name)] = self.capacity_use.get(
                             (key, name), Fraction(0)
                         ) + _qty(value)
+                    self.shared.add(key)
                 else:
                     self.in_use.add(key)
-                if devices is None:
-                    devices = self._device_lookup()
-                device = devices.get(key)
-                if device is not None:
-                    self._consume_counters(key, device, +1)
+        # An allocated device consumes its counters once, however many claims share it.
+        for key in self.in_use | self.shared:
+            if devices is None:
+                devices = self._device_lookup()
+            device = devices.get(key)
+            if device is not None:
+                self._consume_counters(key, device, +1)
 
     def _consume_counters(self, key: DeviceKey, device: Obj, sign: int) -> None:
         for consumption in device.get("consumesCounters") or []:
@@ -739,10 +748,12 @@ class _Allocator:
                 return False
         return True
 
-    def _counters_fit(self, c: _Candidate) -> bool:
+    def _counters_fit(self, c: _Candidate, already_charged: bool) -> bool:
         consumptions = c.device.get("consumesCounters") or []
         if consumptions and not self.features.partitionable_devices:
             return False
+        if already_charged:
+            return True
         for consumption in consumptions:
             available = c.pool.counters.get(consumption.get("counterSet", ""), {})
             for counter, value in (consumption.get("counters") or {}).items():
@@ -764,7 +775,13 @@ class _Allocator:
         if request.admin_access and any(r[1].key == c.key for r in self.results[ci]):
             return None  # admin access may reuse devices, but not within the same claim
         consumed = self._capacity_for(request, c, False) if shared or request.capacity_requests else {}
-        if consumed is None or not self._counters_fit(c) or not self._tolerated(request, c.device):
+        # A shared device's counters are charged by its first share only (upstream: skipCounterCheck).
+        already_charged = shared and (c.key in self.shared or self.sharing.get(c.key, 0) > 0)
+        if (
+            consumed is None
+            or not self._counters_fit(c, already_charged)
+            or not self._tolerated(request, c.device)
+        ):
             return None
         constraints = self.claim_data[ci].constraints
         added: list[_Constraint] = []
@@ -785,15 +802,18 @@ class _Allocator:
         if shared:
             for name, amount in consumed.items():
                 self.capacity_use[(c.key, name)] = self.capacity_use.get((c.key, name), Fraction(0)) + amount
-        if not request.admin_access:
+            self.sharing[c.key] = self.sharing.get(c.key, 0) + 1
+        charge = not request.admin_access and not already_charged
+        if charge:
             self._consume_counters(c.key, c.device, +1)
         self.results[ci].append((request, c, consumed if shared else None))
 
         def undo() -> None:
             self.results[ci].pop()
-            if not request.admin_access:
+            if charge:
                 self._consume_counters(c.key, c.device, -1)
-            if shared and consumed:
+            if shared:
+                self.sharing[c.key] -= 1
                 for name, amount in consumed.items():
                     self.capacity_use[(c.key, name)] -= amount
             self.allocating.discard(c.key)

@@ -57,9 +57,6 @@ _CONFIG = (
     "(the chosen devices and node selector agree)"
 )
 _INT64 = "the engine computes capacity with exact fractions, not aborting on values int64 cannot represent"
-_SHARED_COUNTERS = (
-    "the engine charges a multi-allocatable device's counters once per share; upstream once per device"
-)
 _LIST_ATTRIBUTES = (
     "list-valued attributes: the engine's CEL view and constraints disagree with upstream (gate off); "
     "owned by the diagnosis-defects work (wip/diag)"
@@ -99,9 +96,6 @@ KNOWN_DIFFERENCES: dict[str, str] = {
         "the engine "
         "rounds it up to min"
     ),
-    "consumable-capacity-with-partitionable-device-multiple-capacity-pools": _SHARED_COUNTERS,
-    "partitionable-consumable-capacity-shared-device-counter-not-recharged": _SHARED_COUNTERS,
-    "partitionable-empty-capacity-multiple-share-backtrack-keeps-counter-ownership": _SHARED_COUNTERS,
     "list-attributes-disabled-distinct-constraint-with-lists": _LIST_ATTRIBUTES,
     "list-attributes-disabled-match-constraint-with-lists": _LIST_ATTRIBUTES,
     "with-distinct-constraints-unknown-type-attribute": _LIST_ATTRIBUTES,
