@@ -321,6 +321,12 @@ def _gather_pools(node: Obj, snapshot: FleetSnapshot, features: Features) -> lis
     for (driver, pool_name), slices in by_pool.items():
         generation = _generation(slices[0])
         count = int(((slices[0].get("spec") or {}).get("pool") or {}).get("resourceSliceCount", 1))
+        if len(slices) == count:
+            # Complete from this node's view: upstream uses it as is, without looking for a newer
+            # generation elsewhere (a pool moving between nodes stays usable on the old one until
+            # its slices there are gone).
+            pools.append(_build_pool(driver, pool_name, slices, slices, features))
+            continue
         all_for_pool = index.by_pool.get((driver, pool_name), [])
         if any(_generation(s) > generation for s in all_for_pool):
             continue  # obsolete: a newer generation exists elsewhere

@@ -99,16 +99,6 @@ KNOWN_DIFFERENCES: dict[str, str] = {
     "list-attributes-disabled-distinct-constraint-with-lists": _LIST_ATTRIBUTES,
     "list-attributes-disabled-match-constraint-with-lists": _LIST_ATTRIBUTES,
     "with-distinct-constraints-unknown-type-attribute": _LIST_ATTRIBUTES,
-    "multi-host-resource-pool-complete-update-from-node-1-to-node-2": (
-        "a pool whose slices move between nodes across generations: the engine finds no device where "
-        "upstream "
-        "allocates from the newest generation"
-    ),
-    "multi-host-resource-pool-incomplete-update-from-node-1-to-node-2": (
-        "a pool whose slices move between nodes across generations: the engine finds no device where "
-        "upstream "
-        "allocates from the newest generation"
-    ),
     "partitionable-devices-same-counter-set-name-in-different-resource-slices": _POOL_VALIDATION,
     "partitionable-devices-validation-error-on-non-targeting-slice": _POOL_VALIDATION,
 }
