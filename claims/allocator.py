@@ -57,6 +57,7 @@ class Features:
     partitionable_devices: bool = True
     device_taints: bool = True
     consumable_capacity: bool = True
+    device_binding_and_status: bool = True  # DRADeviceBindingConditions + DRAResourceClaimDeviceStatus
 
 
 DEFAULT_FEATURES = Features()
@@ -701,6 +702,8 @@ class _Allocator:
                 yield _Candidate((pool.driver, pool.name, device.get("name", "")), device, s, pool)
 
     def _selectable(self, claim_name: str, request: _Request, c: _Candidate) -> bool:
+        if not self.features.device_binding_and_status and c.device.get("bindingConditions"):
+            return False  # devices with binding conditions are not supported with the gates off
         view = self.snapshot.view(c.key[0], c.key[1], c.device)
         device_id = "/".join(c.key)
         for where, selectors in (

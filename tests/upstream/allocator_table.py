@@ -68,10 +68,6 @@ _COMPAT_GROUPS_OFF = (
     "does not read compatibilityGroups at all"
 )
 KNOWN_DIFFERENCES: dict[str, str] = {
-    "binding-conditions-without-feature-gate": (
-        "the engine has no DRADeviceBindingConditions gate: with it off upstream skips devices with "
-        "binding conditions"
-    ),
     "claim-config-covering-all-requests-is-cleared": _CONFIG,
     "claim-config-scoped-to-subrequests-of-one-request": _CONFIG,
     "claim-with-device-config": _CONFIG,
@@ -127,6 +123,7 @@ class Case:
             partitionable_devices="PartitionableDevices" in on,
             device_taints="DeviceTaints" in on,
             consumable_capacity="ConsumableCapacity" in on,
+            device_binding_and_status="DeviceBindingAndStatus" in on,
         )
 
     @property
