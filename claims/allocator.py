@@ -58,6 +58,7 @@ class Features:
     partitionable_devices: bool = True
     device_taints: bool = True
     consumable_capacity: bool = True
+    device_binding_and_status: bool = True  # DRADeviceBindingConditions + DRAResourceClaimDeviceStatus
 
 
 DEFAULT_FEATURES = Features()
@@ -158,9 +159,9 @@ class _Baseline:
 
     size: tuple[int, int]
     in_use: set[DeviceKey]
+    shared: set[DeviceKey]
     counter_use: dict[tuple[str, str, str, str], Fraction]
     capacity_use: dict[tuple[DeviceKey, str], Fraction]
-    shared_in_use: set[DeviceKey] = field(default_factory=set)
 
 
 def _slice_index(snapshot: FleetSnapshot) -> _SliceIndex:
@@ -324,6 +325,12 @@ def _gather_pools(node: Obj, snapshot: FleetSnapshot, features: Features) -> lis
     for (driver, pool_name), slices in by_pool.items():
         generation = _generation(slices[0])
         count = int(((slices[0].get("spec") or {}).get("pool") or {}).get("resourceSliceCount", 1))
+        if len(slices) == count:
+            # Complete from this node's view: upstream uses it as is, without looking for a newer
+            # generation elsewhere (a pool moving between nodes stays usable on the old one until
+            # its slices there are gone).
+            pools.append(_build_pool(driver, pool_name, slices, slices, features))
+            continue
         all_for_pool = index.by_pool.get((driver, pool_name), [])
         if any(_generation(s) > generation for s in all_for_pool):
             continue  # obsolete: a newer generation exists elsewhere
@@ -496,8 +503,10 @@ def _make_request(
         )
     capacity = ((spec.get("capacity") or {}).get("requests")) or {}
     if capacity and not features.consumable_capacity:
+        # Upstream names a subrequest by its own name here, not as "request/subrequest".
+        what = f"subrequest {name.rpartition('/')[2]}" if name != parent else f"request {name}"
         raise _Fatal(
-            f"claim {claim_name}, request {name}: has capacity requests, but the DRAConsumableCapacity "
+            f"claim {claim_name}, {what}: has capacity requests, but the DRAConsumableCapacity "
             "feature is disabled"
         )
     mode = spec.get("allocationMode") or "ExactCount"
@@ -533,23 +542,24 @@ class _Allocator:
         baseline = snapshot._baseline
         if baseline is None or baseline.size != (len(snapshot.slices), len(snapshot.allocated_claims)):
             self.in_use: set[DeviceKey] = set()
+            self.shared: set[DeviceKey] = set()
             self.counter_use: dict[tuple[str, str, str, str], Fraction] = {}
             self.capacity_use: dict[tuple[DeviceKey, str], Fraction] = {}
-            self.shared_in_use: set[DeviceKey] = set()
             self._index_allocated()
             baseline = snapshot._baseline = _Baseline(
                 (len(snapshot.slices), len(snapshot.allocated_claims)),
                 self.in_use,
+                self.shared,
                 dict(self.counter_use),
                 dict(self.capacity_use),
-                self.shared_in_use,
             )
         # in_use is only read; the counters are changed (and undone) during the search: copy them.
         self.in_use = baseline.in_use
+        self.shared = baseline.shared
+        # Shares of a multi-allocatable device made in this attempt: its counters are charged by the first.
+        self.sharing: dict[DeviceKey, int] = {}
         self.counter_use = dict(baseline.counter_use)
         self.capacity_use = dict(baseline.capacity_use)
-        self.shared_in_use = baseline.shared_in_use
-        self.sharing: dict[DeviceKey, int] = {}  # shares of a device allocated in this attempt
         self.claim_data: list[_ClaimData] = []
         self.results: list[list[tuple[_Request, _Candidate, dict[str, Fraction] | None]]] = []
         self.allocating: set[DeviceKey] = set()
@@ -566,7 +576,6 @@ class _Allocator:
 
     def _index_allocated(self) -> None:
         devices: dict[DeviceKey, Obj] | None = None
-        counted: set[DeviceKey] = set()  # an allocated device consumes its counters once, however shared
         for claim in self.snapshot.allocated_claims:
             results = (
                 (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results")
@@ -579,19 +588,20 @@ class _Allocator:
                 # Only a result with a shareID is one share of a device; without it the device is
                 # dedicated, even when it allows multiple allocations (allocateddevices.go).
                 if result.get("shareID"):
-                    self.shared_in_use.add(key)
                     for name, value in (consumed or {}).items():
                         self.capacity_use[(key, name)] = self.capacity_use.get(
                             (key, name), Fraction(0)
                         ) + _qty(value)
+                    self.shared.add(key)
                 else:
                     self.in_use.add(key)
-                if devices is None:
-                    devices = self._device_lookup()
-                device = devices.get(key)
-                if device is not None and key not in counted:
-                    counted.add(key)
-                    self._consume_counters(key, device, +1)
+        # An allocated device consumes its counters once, however many claims share it.
+        for key in self.in_use | self.shared:
+            if devices is None:
+                devices = self._device_lookup()
+            device = devices.get(key)
+            if device is not None:
+                self._consume_counters(key, device, +1)
 
     def _consume_counters(self, key: DeviceKey, device: Obj, sign: int) -> None:
         for consumption in device.get("consumesCounters") or []:
@@ -614,7 +624,7 @@ class _Allocator:
                 if request.get("firstAvailable"):
                     if not self.features.prioritized_list:
                         raise _Fatal(
-                            f"resource claim {claim_name}, request {name}: has subrequests, but the "
+                            f"claim {claim_name}, request {name}: has subrequests, but the "
                             "DRAPrioritizedList feature is disabled"
                         )
                     subs = [
@@ -697,6 +707,8 @@ class _Allocator:
                 yield _Candidate((pool.driver, pool.name, device.get("name", "")), device, s, pool)
 
     def _selectable(self, claim_name: str, request: _Request, c: _Candidate) -> bool:
+        if not self.features.device_binding_and_status and c.device.get("bindingConditions"):
+            return False  # devices with binding conditions are not supported with the gates off
         view = self.snapshot.view(c.key[0], c.key[1], c.device)
         device_id = "/".join(c.key)
         for where, selectors in (
@@ -750,10 +762,12 @@ class _Allocator:
                 return False
         return True
 
-    def _counters_fit(self, c: _Candidate) -> bool:
+    def _counters_fit(self, c: _Candidate, already_charged: bool) -> bool:
         consumptions = c.device.get("consumesCounters") or []
         if consumptions and not self.features.partitionable_devices:
             return False
+        if already_charged:
+            return True
         for consumption in consumptions:
             available = c.pool.counters.get(consumption.get("counterSet", ""), {})
             for counter, value in (consumption.get("counters") or {}).items():
@@ -769,16 +783,17 @@ class _Allocator:
         self, ci: int, request: _Request, c: _Candidate, must: bool
     ) -> Callable[[], None] | None:
         shared = bool(c.device.get("allowMultipleAllocations")) and self.features.consumable_capacity
+        # A device held exclusively (by an allocated claim or this attempt) cannot be shared either.
         if not request.admin_access and (c.key in self.in_use or c.key in self.allocating):
-            return None  # in_use holds dedicated allocations only, shareable devices included
+            return None
         if request.admin_access and any(r[1].key == c.key for r in self.results[ci]):
             return None  # admin access may reuse devices, but not within the same claim
         consumed = self._capacity_for(request, c, False) if shared or request.capacity_requests else {}
-        # A further share of a device already in use does not charge its counters again.
-        charge = not (shared and (c.key in self.shared_in_use or self.sharing.get(c.key)))
+        # A shared device's counters are charged by its first share only (upstream: skipCounterCheck).
+        already_charged = shared and (c.key in self.shared or self.sharing.get(c.key, 0) > 0)
         if (
             consumed is None
-            or (charge and not self._counters_fit(c))
+            or not self._counters_fit(c, already_charged)
             or not self._tolerated(request, c.device)
         ):
             return None
@@ -803,10 +818,10 @@ class _Allocator:
         if shared:
             for name, amount in consumed.items():
                 self.capacity_use[(c.key, name)] = self.capacity_use.get((c.key, name), Fraction(0)) + amount
+            self.sharing[c.key] = self.sharing.get(c.key, 0) + 1
+        charge = not request.admin_access and not already_charged
         if charge:
             self._consume_counters(c.key, c.device, +1)
-        if shared:
-            self.sharing[c.key] = self.sharing.get(c.key, 0) + 1
         self.results[ci].append((request, c, consumed if shared else None))
 
         def undo() -> None:
@@ -815,7 +830,6 @@ class _Allocator:
                 self._consume_counters(c.key, c.device, -1)
             if shared:
                 self.sharing[c.key] -= 1
-            if shared and consumed:
                 for name, amount in consumed.items():
                     self.capacity_use[(c.key, name)] -= amount
             if marked:
