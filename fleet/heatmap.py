@@ -252,7 +252,8 @@ def cell_in_state(used: int, flags: int, state: str) -> bool:
         return bool(flags & RESERVED)
     if state == "tainted":
         return bool(flags & TAINTED)
-    return bool(flags & UNAVAILABLE)
+    # fleet.counts' unavailable: idle and not allocatable, by a taint or by counters its partitions use.
+    return bool(flags & UNAVAILABLE) or (bool(flags & TAINTED) and used < FULL_GPU_SLICES)
 
 
 def _number_cells(cells: list[Cell]) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from fleet import heatmap
 from fleet.filters import FleetFilter
 
@@ -56,3 +58,17 @@ def test_rows_are_filtered_per_gpu_and_take_model_and_pool_from_the_lowest_index
     assert heatmap.rows_of(gpus, NAMES, {}, FleetFilter(state="tainted")).keys() == {"a/n1"}
     labels = {(2, "m"): {"team": "x"}}
     assert heatmap.rows_of(gpus, NAMES, labels, FleetFilter(label="team=x")).keys() == {"b/m"}
+
+
+@pytest.mark.parametrize(
+    ("used", "flags", "unavailable"),
+    [
+        (0, heatmap.TAINTED, True),  # an idle tainted GPU cannot be allocated
+        (3, heatmap.TAINTED, True),  # its idle partitions neither
+        (7, heatmap.TAINTED | heatmap.RESERVED, False),  # wholly in use: tainted, but nothing idle
+        (2, heatmap.UNAVAILABLE, True),  # partitions blocked by the counters of the allocated ones
+        (0, 0, False),
+    ],
+)
+def test_the_unavailable_filter_follows_the_counts_definition(used, flags, unavailable):
+    assert heatmap.cell_in_state(used, flags, "unavailable") is unavailable
