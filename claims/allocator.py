@@ -819,7 +819,7 @@ class _Allocator:
             for name, amount in consumed.items():
                 self.capacity_use[(c.key, name)] = self.capacity_use.get((c.key, name), Fraction(0)) + amount
             self.sharing[c.key] = self.sharing.get(c.key, 0) + 1
-        charge = not request.admin_access and not already_charged
+        charge = not already_charged  # admin access too: upstream reserves its counters like any other
         if charge:
             self._consume_counters(c.key, c.device, +1)
         self.results[ci].append((request, c, consumed if shared else None))

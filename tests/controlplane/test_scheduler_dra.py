@@ -264,7 +264,8 @@ def test_four_gpus_on_one_nvlink_domain(kube: Kube, namespace: str) -> None:
     ("selector", "operand_types"),
     [
         # memory is a capacity, not an attribute; attributes are typed `any` in the CEL env
-        ('device.attributes["gpu.nvidia.com"].memory >= quantity("40Gi")', "(any, kubernetes.Quantity)"),
+        # An attribute is `dyn` with DRAListTypeAttributes on (the launcher's gates), `any` with it off.
+        ('device.attributes["gpu.nvidia.com"].memory >= quantity("40Gi")', "(dyn, kubernetes.Quantity)"),
         # the right map, but Quantity has no ordering operators, only compareTo/isGreaterThan/...
         (
             'device.capacity["gpu.nvidia.com"].memory >= quantity("40Gi")',
