@@ -20,7 +20,7 @@ def test_a_user_logs_in_and_sees_the_fleet(live_server, page):
     page.fill("input[name=username]", "alice")
     page.fill("input[name=password]", "correct horse battery staple")
     page.click("button[type=submit]")
-    page.wait_for_selector("text=Physical GPUs by model")
+    page.wait_for_selector("text=Physical GPUs and devices")
     screenshot(page, "fleet-home")
     rows = page.locator("table.grid").first.locator("tbody tr")
     assert rows.count() == 4  # B200, B300, H100, H200

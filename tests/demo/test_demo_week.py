@@ -37,15 +37,15 @@ def login(base: str, user: str, password: str) -> requests.Session:
         headers={"Referer": base + "/accounts/login/"},
         timeout=10,
     )
-    assert response.status_code == 200 and "Physical GPUs by model" in response.text, response.text[:500]
+    assert response.status_code == 200 and "Physical GPUs and devices" in response.text, response.text[:500]
     return session
 
 
 def overview_slices(session: requests.Session, base: str) -> dict[str, tuple[int, int]]:
     """The overview table's allocated / total compute slices per model."""
     html = session.get(base + "/", timeout=30).text
-    table = html.split("Physical GPUs by model")[1].split("</table>")[0]
-    rows = re.findall(r"<tr[^>]*>\s*<td[^>]*>(\w+)</td>(?:(?!</tr>).)*?(\d+) / (\d+)", table, re.S)
+    table = html.split("Physical GPUs and devices")[1].split("</table>")[0]
+    rows = re.findall(r'<tr data-model="(\w+)">(?:(?!</tr>).)*?(\d+) / (\d+)', table, re.S)
     assert rows, html[:2000]
     return {model: (int(a), int(t)) for model, a, t in rows}
 

@@ -123,7 +123,7 @@ def test_make_demo_serves_a_live_fleet(tmp_path, page):  # noqa: F811  (the brow
             headers={"Referer": base + "/accounts/login/"},
             timeout=5,
         )
-        assert response.status_code == 200 and "Physical GPUs by model" in response.text
+        assert response.status_code == 200 and "Physical GPUs and devices" in response.text
         counted = re.search(r"(\d+) devices", response.text)
         assert counted and int(counted.group(1)) > 100
         assert "B200" in response.text and "1g.10gb" in response.text

@@ -72,7 +72,7 @@ def test_a_new_user_walks_every_page_of_make_demo_without_an_error(tmp_path, pag
         page.fill("input[name=username]", user)
         page.fill("input[name=password]", password)
         page.click("button[type=submit]")
-        page.wait_for_selector("text=Physical GPUs by model")
+        page.wait_for_selector("text=Physical GPUs and devices")
 
         statuses: dict[str, int] = {}
         shapes: Counter[str] = Counter()
