@@ -234,6 +234,22 @@ class ControlPlane:
     def client(self, identity: Identity | None = None) -> Kube:
         return Kube(self.url, (identity or self.admin).token, str(self.ca_file))
 
+    def token_kubeconfig(self, token: str, path: Path) -> Path:
+        """Writes a kubeconfig that authenticates to this control plane with a bearer ``token`` (a
+        ServiceAccount's, from ``kubectl create token``); JSON is valid YAML."""
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {"name": "cp", "cluster": {"server": self.url, "certificate-authority": str(self.ca_file)}}
+            ],
+            "users": [{"name": "sa", "user": {"token": token}}],
+            "contexts": [{"name": "sa", "context": {"cluster": "cp", "user": "sa"}}],
+            "current-context": "sa",
+        }
+        path.write_text(json.dumps(config))
+        return path
+
     def kubectl(
         self, *args: str, kubeconfig: Path | None = None, check: bool = True, stdin: str | None = None
     ) -> subprocess.CompletedProcess[str]:

@@ -180,26 +180,7 @@ def sa_source(control_plane: ControlPlane, installed, tmp_path) -> tuple[KubeSou
     """A KubeSource and a raw client authenticated with a fresh token of the ServiceAccount (TokenRequest)."""
     token = control_plane.kubectl("create", "token", "claimscope", "-n", NS, "--duration=10m").stdout.strip()
     kubeconfig = tmp_path / "sa.kubeconfig"
-    kubeconfig.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [
-                    {
-                        "name": "cp",
-                        "cluster": {
-                            "server": control_plane.url,
-                            "certificate-authority": str(control_plane.ca_file),
-                        },
-                    }
-                ],
-                "users": [{"name": "sa", "user": {"token": token}}],
-                "contexts": [{"name": "sa", "context": {"cluster": "cp", "user": "sa"}}],
-                "current-context": "sa",
-            }
-        )
-    )
+    control_plane.token_kubeconfig(token, kubeconfig)
     return KubeSource.from_kubeconfig(str(kubeconfig)), Kube(
         control_plane.url, token, str(control_plane.ca_file)
     )

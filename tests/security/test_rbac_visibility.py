@@ -86,26 +86,7 @@ def reviewer(control_plane, namespace, tmp_path) -> Iterator[Path]:
     )
     token = control_plane.kubectl("create", "token", name, "-n", namespace, "--duration=10m").stdout.strip()
     kubeconfig = tmp_path / "reviewer.kubeconfig"
-    kubeconfig.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [
-                    {
-                        "name": "cp",
-                        "cluster": {
-                            "server": control_plane.url,
-                            "certificate-authority": str(control_plane.ca_file),
-                        },
-                    }
-                ],
-                "users": [{"name": "sa", "user": {"token": token}}],
-                "contexts": [{"name": "sa", "context": {"cluster": "cp", "user": "sa"}}],
-                "current-context": "sa",
-            }
-        )
-    )
+    control_plane.token_kubeconfig(token, kubeconfig)
     # The reviewer itself may not read what it asks about.
     sa = f"system:serviceaccount:{namespace}:{name}"
     can = control_plane.kubectl(
