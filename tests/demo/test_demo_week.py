@@ -5,20 +5,16 @@ within minutes: the claims that waited over the weekend then get devices, the al
 sampled every minute (the production beat schedule, in the demo's process), and the chart's latest point is
 the overview table's count."""
 
-import os
 import re
-import signal
-import subprocess
 import sys
 from datetime import datetime
-from pathlib import Path
 
 import requests
 
 from fleet.simulator import scenarios
+from tests.demo.process import demo_running
 from tests.demo.test_make_demo import free_port, still_pending_on_monday, wait_for, workload_of
 
-ROOT = Path(__file__).resolve().parents[2]
 SPEED = 600
 
 
@@ -52,14 +48,8 @@ def overview_slices(session: requests.Session, base: str) -> dict[str, tuple[int
 
 def test_the_live_week_places_waiting_claims_and_keeps_sampling_the_history(tmp_path):
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "SECRET_KEY")}
-    env["CLAIMSCOPE_DATA_DIR"] = str(tmp_path)
-    log = (tmp_path / "demo.log").open("w+")
     command = [sys.executable, "manage.py", "demo", "--port", str(port), "--speed", str(SPEED)]
-    proc = subprocess.Popen(
-        command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-    )
-    try:
+    with demo_running(tmp_path, command, "the demo"):
         base = f"http://127.0.0.1:{port}"
 
         def started():
@@ -115,12 +105,3 @@ def test_the_live_week_places_waiting_claims_and_keeps_sampling_the_history(tmp_
         assert set(table) >= {"B200", "B300", "H100", "H200"}, table
         samples_after_start = {t for s in triage()["allocation"] for t in s["time"] if parse(t) > start}
         assert len(samples_after_start) >= 2, samples_after_start  # sampled repeatedly, not once
-    finally:
-        os.killpg(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            raise AssertionError("the demo did not stop on Ctrl-C within 20 s") from None
-        log.close()
-    assert proc.returncode in (0, 2, -signal.SIGINT, 130), (tmp_path / "demo.log").read_text()[-2000:]

@@ -2,22 +2,18 @@
 weekend it simulated just ended, so the pending page shows ages of hours and days and the weekend's triage
 report (the link it prints) has the scenario's pending claims with their weekend-long waits."""
 
-import os
 import re
-import signal
 import socket
-import subprocess
 import time
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import requests
 
 from fleet.simulator import scenarios
 from fleet.simulator.spec import build_fleet, spec_from_dict
 from tests.browser.conftest import browser, chromium_path, page, screenshot  # noqa: F401  (fixtures)
+from tests.demo.process import demo_running
 
-ROOT = Path(__file__).resolve().parents[2]
 BROKEN_KINDS = ("broken-cel", "unknown-attribute", "impossible-memory")
 
 
@@ -83,18 +79,7 @@ def parse_age(text: str) -> timedelta:
 
 def test_make_demo_serves_a_live_fleet(tmp_path, page):  # noqa: F811  (the browser fixture)
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "SECRET_KEY")}
-    env["CLAIMSCOPE_DATA_DIR"] = str(tmp_path)
-    log = (tmp_path / "demo.log").open("w+")
-    proc = subprocess.Popen(
-        ["make", "--no-print-directory", "demo", f"PORT={port}"],
-        cwd=ROOT,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    try:
+    with demo_running(tmp_path, ["make", "--no-print-directory", "demo", f"PORT={port}"], "make demo"):
         base = f"http://127.0.0.1:{port}"
 
         def login_line():
@@ -203,12 +188,3 @@ def test_make_demo_serves_a_live_fleet(tmp_path, page):  # noqa: F811  (the brow
         page.wait_for_load_state("networkidle")
         screenshot(page, "demo-triage")
         assert page.console_errors == []
-    finally:
-        os.killpg(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            raise AssertionError("make demo did not stop on Ctrl-C within 20 s") from None
-        log.close()
-    assert proc.returncode in (0, 2, -signal.SIGINT, 130), (tmp_path / "demo.log").read_text()[-2000:]

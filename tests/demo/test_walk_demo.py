@@ -5,18 +5,14 @@ in the server's log fails it."""
 
 from __future__ import annotations
 
-import os
 import re
-import signal
-import subprocess
 from collections import Counter
-from pathlib import Path
 from urllib.parse import urljoin, urlsplit
 
 from tests.browser.conftest import browser, chromium_path, page, screenshot  # noqa: F401  (fixtures)
+from tests.demo.process import demo_running
 from tests.demo.test_make_demo import free_port, wait_for
 
-ROOT = Path(__file__).resolve().parents[2]
 STARTS = ("/", "/claims/pending/", "/claims/triage/", "/fleet/heatmap/", "/fleet/")
 # Links that leave the pages a user browses (or would end the session); the API and its docs have their
 # own suites.
@@ -47,18 +43,9 @@ def shape(path: str) -> str:
 
 def test_a_new_user_walks_every_page_of_make_demo_without_an_error(tmp_path, page):  # noqa: F811
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "SECRET_KEY")}
-    env["CLAIMSCOPE_DATA_DIR"] = str(tmp_path)
-    log_path = tmp_path / "demo.log"
-    proc = subprocess.Popen(
-        ["make", "--no-print-directory", "demo", f"PORT={port}"],
-        cwd=ROOT,
-        env=env,
-        stdout=log_path.open("w"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    try:
+    with demo_running(
+        tmp_path, ["make", "--no-print-directory", "demo", f"PORT={port}"], "make demo"
+    ) as log_path:
         base = f"http://127.0.0.1:{port}"
         found = wait_for(
             lambda: re.search(r"claimscope demo: (\S+)\s+login: (\S+) / (\S+)", log_path.read_text()),
@@ -119,9 +106,3 @@ def test_a_new_user_walks_every_page_of_make_demo_without_an_error(tmp_path, pag
         text = log_path.read_text()
         assert "Traceback" not in text and " 500 " not in text, text[-3000:]
         assert not re.search(r" ERROR ", text), text[-3000:]
-    finally:
-        os.killpg(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
