@@ -14,7 +14,7 @@ help:
 	@echo "make demo   - install and start the dashboard on http://$(HOST):$(PORT)/ (SQLite, simulated fleet)"
 	@echo "make demo-stack - the production topology locally: PostgreSQL, Redis, Celery workers, beat, ASGI"
 	@echo "make test   - install PostgreSQL, Redis, Chromium and the Kubernetes control plane; lint and test"
-	@echo "make lint   - ruff (lint + format check) and mypy"
+	@echo "make lint   - ruff (lint + format check), mypy and the layering contracts (lint-imports)"
 	@echo "make audit  - pip-audit of the pinned requirements against PyPI's vulnerability data"
 	@echo "make cluster - start the test Kubernetes control plane in the foreground (Ctrl-C stops it)"
 
@@ -65,6 +65,7 @@ lint: venv-dev
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy .
+	$(VENV)/bin/lint-imports
 
 # Not part of lint: it needs PyPI's JSON API (per-release vulnerability data). --strict fails when a package
 # could not be checked, so a mirror without that data cannot pass as "no known vulnerabilities".

@@ -37,8 +37,8 @@ from fleet import api_selectors, ingest  # noqa: E402
 from fleet.api_serializers import DeviceRow  # noqa: E402
 from fleet.importer import import_objects  # noqa: E402
 from fleet.models import Cluster, Device  # noqa: E402
-from fleet.simulator.cluster import SimulatedCluster  # noqa: E402
-from fleet.simulator.spec import build_fleet, preset  # noqa: E402
+from simulator.cluster import SimulatedCluster  # noqa: E402
+from simulator.spec import build_fleet, preset  # noqa: E402
 
 CLUSTER = "bench-api"
 TARGET_MS = 200.0
@@ -74,8 +74,8 @@ def load_fleet(reuse: bool) -> None:
 def summary_after_a_change(get: Any) -> float:
     """One claim re-ingested (a fleet change): the next requests are served the previous summary while
     the warm task (run here as the Celery worker would) computes the new one; then from the cache."""
-    from claims.models import ResourceClaim
     from fleet import tasks_summary
+    from fleet.models import ResourceClaim
     from fleet.normalize import normalize
 
     cluster = Cluster.objects.get(name=CLUSTER)

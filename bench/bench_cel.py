@@ -108,7 +108,7 @@ def bench_celpy() -> None:
 def bench_allocator() -> None:
     try:
         from claims.allocator import FleetSnapshot, allocate
-        from fleet.simulator import nvidia as nv
+        from simulator import nvidia as nv
     except ImportError as exc:
         print(f"  allocator bench skipped: {exc}")
         return

@@ -28,7 +28,7 @@ from claims.models import ClaimLifecycle, ClaimStateChange  # noqa: E402
 from fleet import ingest  # noqa: E402
 from fleet.models import Cluster  # noqa: E402
 from fleet.normalize import normalize  # noqa: E402
-from fleet.simulator import nvidia as nv  # noqa: E402
+from simulator import nvidia as nv  # noqa: E402
 
 CLUSTER = "bench-history"
 

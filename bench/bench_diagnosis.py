@@ -27,8 +27,8 @@ from typing import Any
 
 from claims.diagnosis import diagnose, prepare
 from claims.fleetstate import FleetState
-from fleet.simulator import nvidia
-from fleet.simulator.spec import build_fleet, preset
+from simulator import nvidia
+from simulator.spec import build_fleet, preset
 
 ONE_TARGET_S = 0.25
 MANY_TARGET_S = 30.0

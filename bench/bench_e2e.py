@@ -777,7 +777,7 @@ def main() -> int:
 
         wait_for("a diagnosis started after the change", lambda: bool(started_after()), 900)
         after = started_after()
-        from claims.models import ResourceClaim
+        from fleet.models import ResourceClaim
 
         pending = ResourceClaim.objects.filter(cluster__name=CLUSTER, state="pending").count()
         results["diagnosis"] = {

@@ -71,7 +71,7 @@ def pct(values: list[float], q: float) -> float:
 
 def objects(cluster: Cluster, claims: int, slices: int, rng: random.Random) -> tuple[list[Obj], list[Obj]]:
     """Stored objects to churn: reserved claims with an allocation, NVIDIA slices with devices."""
-    from claims.models import ResourceClaim
+    from fleet.models import ResourceClaim
 
     held = list(
         ResourceClaim.objects.filter(cluster=cluster, state="reserved").values_list("raw", flat=True)[:5000]

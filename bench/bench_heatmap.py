@@ -37,7 +37,7 @@ from fleet import feed, heatmap, ingest  # noqa: E402
 from fleet.filters import FleetFilter  # noqa: E402
 from fleet.normalize import SliceRecord, normalize  # noqa: E402
 from fleet.selectors import Holder, counter_sets_of  # noqa: E402
-from fleet.simulator.spec import build_fleet, preset  # noqa: E402
+from simulator.spec import build_fleet, preset  # noqa: E402
 
 CLUSTER = "bench"
 SNAPSHOT_MS, SNAPSHOT_BYTES, FIRST_RENDER_MS, DELTA_MS = 300, 2_000_000, 2000, 100

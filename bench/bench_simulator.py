@@ -13,8 +13,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fleet.simulator.cluster import SimulatedCluster
-from fleet.simulator.spec import build_fleet, preset
+from simulator.cluster import SimulatedCluster
+from simulator.spec import build_fleet, preset
 
 TARGET_SECONDS = 20.0
 

@@ -54,9 +54,9 @@ from fleet import ingest  # noqa: E402
 from fleet.importer import INGEST_ORDER  # noqa: E402
 from fleet.kube import reflector  # noqa: E402
 from fleet.kube.reflector import ingest_list  # noqa: E402
-from fleet.simulator import nvidia  # noqa: E402
-from fleet.simulator.cluster import SimulatedCluster  # noqa: E402
-from fleet.simulator.spec import build_fleet, preset  # noqa: E402
+from simulator import nvidia  # noqa: E402
+from simulator.cluster import SimulatedCluster  # noqa: E402
+from simulator.spec import build_fleet, preset  # noqa: E402
 
 Obj = dict[str, Any]
 TARGET_SECONDS = 10.0

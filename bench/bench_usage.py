@@ -41,9 +41,9 @@ from django.test import Client  # noqa: E402
 from fleet import ingest  # noqa: E402
 from fleet.importer import import_objects  # noqa: E402
 from fleet.models import Cluster  # noqa: E402
-from fleet.simulator import dcgm  # noqa: E402
-from fleet.simulator.cluster import SimulatedCluster  # noqa: E402
-from fleet.simulator.spec import build_fleet, preset  # noqa: E402
+from simulator import dcgm  # noqa: E402
+from simulator.cluster import SimulatedCluster  # noqa: E402
+from simulator.spec import build_fleet, preset  # noqa: E402
 
 CLUSTER = "bench-usage"
 AT = datetime(2026, 3, 9, 9, 0, tzinfo=UTC)

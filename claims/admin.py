@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from django.contrib import admin
 
-from claims.models import KubeIdentity, NamespaceGrant
+from fleet.models import KubeIdentity, NamespaceGrant
 
 
 @admin.register(NamespaceGrant)

@@ -8,9 +8,9 @@ from django.db.models import QuerySet
 
 from claims import api_filters, api_selectors
 from claims import api_serializers as rows
-from claims.models import Pod, SchedulingEvent
-from dashboard.visibility import redact_text, visibility_for
+from fleet.access.visibility import redact_text, visibility_for
 from fleet.api_base import ValuesListViewSet, ValuesViewSet
+from fleet.models import Pod, SchedulingEvent
 
 NAMESPACED = ("id", "cluster__name", "cluster_id", "uid", "namespace", "name", "created_at")
 CLUSTER = {"cluster__name": "cluster"}
@@ -21,7 +21,7 @@ CLAIM_FIELDS = (
 
 
 def visible(request: Any, queryset: QuerySet[Any]) -> QuerySet[Any]:
-    """Only rows in namespaces the user may see (dashboard.visibility): lists, CSV and pages alike."""
+    """Only rows in namespaces the user may see (fleet.access.visibility): lists, CSV and pages alike."""
     return queryset.filter(visibility_for(request.user).q())
 
 

@@ -8,9 +8,9 @@ from django.db.models import QuerySet
 from django_filters import rest_framework as filters
 
 from claims import api_selectors
-from claims.models import Pod, ResourceClaim, SchedulingEvent
 from fleet.api_base import DurationFilter, MinAgeFilter
 from fleet.api_filters import KubeFilter
+from fleet.models import Pod, ResourceClaim, SchedulingEvent
 
 
 class NamespacedFilter(KubeFilter):

@@ -12,7 +12,7 @@ from django.db.models import DateTimeField, Exists, OuterRef, QuerySet, Subquery
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from claims.models import DeviceAllocation, Pod, ResourceClaim
+from fleet.models import DeviceAllocation, Pod, ResourceClaim
 
 DEFAULT_LEAK_AFTER = timedelta(hours=1)
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from rest_framework import serializers as s
 
-from claims.models import ResourceClaim
 from fleet.api_serializers import KubeRow
+from fleet.models import ResourceClaim
 
 
 class NamespacedRow(KubeRow):

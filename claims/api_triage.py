@@ -18,9 +18,9 @@ from rest_framework.views import APIView
 
 from claims.triage import SECTIONS, WindowError, section_rows
 from claims.triage_selectors import report
-from dashboard.renderers import CSVRenderer, ORJSONRenderer
-from dashboard.visibility import visibility_for
+from fleet.access.visibility import visibility_for
 from fleet.api_base import StrictContentNegotiation, reject_empty
+from web.renderers import CSVRenderer, ORJSONRenderer
 
 PARAMETERS = ("since", "until", "cluster", "section", "format")
 

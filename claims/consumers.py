@@ -5,7 +5,7 @@ Two sources: ingest's fleet changes (claims and pods created, allocated, deleted
 version number and the cluster names: the page refetches its rows over HTTP, where the user's namespace
 visibility applies. So nothing a user may not see ever crosses the socket, and a lost message only delays
 an update. Authentication and the origin check come from the ASGI stack (``dashboard/asgi.py``), and the
-socket closes when its login session ends (``dashboard.security.SessionBoundConsumer``), as for
+socket closes when its login session ends (``web.sockets.SessionBoundConsumer``), as for
 ``/ws/fleet/``.
 """
 
@@ -21,7 +21,7 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 
 from claims.selectors import QueryError, parse_pending_query
-from dashboard.security import BAD_QUERY, SESSION_ENDED, SessionBoundConsumer
+from web.sockets import BAD_QUERY, SESSION_ENDED, SessionBoundConsumer
 
 log = logging.getLogger(__name__)
 PENDING_GROUP = "claims-pending"

@@ -20,8 +20,9 @@ from rest_framework.views import APIView
 
 from claims.diagnosis import diagnose
 from claims.fleetstate import FleetState
-from claims.models import ClaimDiagnosis, ResourceClaim
-from dashboard.visibility import redact_diagnosis, visibility_for
+from claims.models import ClaimDiagnosis
+from fleet.access.visibility import redact_diagnosis, visibility_for
+from fleet.models import ResourceClaim
 from fleet.normalize import INT64_MAX, NormalizeError, clean_pasted_claim
 from fleet.snapshot import SnapshotError, read_text
 

@@ -103,7 +103,6 @@ class FleetState:
         the pods' containers nor the allocated claims' metadata, and the L fleet then fits in a third of
         the memory (bench/README.md "Memory of the diagnosis task"). Not for ``find``-then-diagnose
         callers: an allocated claim found here has lost its metadata."""
-        from claims import models as cm
         from fleet import models as fm
         from fleet.kube.reflector import cyclic_gc_paused
 
@@ -120,10 +119,10 @@ class FleetState:
             ("ResourceSlice", fm.ResourceSlice),
             ("DeviceClass", fm.DeviceClass),
             ("Node", fm.Node),
-            ("ResourceClaim", cm.ResourceClaim),
-            ("ResourceClaimTemplate", cm.ResourceClaimTemplate),
-            ("Pod", cm.Pod),
-            ("Event", cm.SchedulingEvent),
+            ("ResourceClaim", fm.ResourceClaim),
+            ("ResourceClaimTemplate", fm.ResourceClaimTemplate),
+            ("Pod", fm.Pod),
+            ("Event", fm.SchedulingEvent),
         ]
         objs: list[Obj] = []
         shared: dict[Any, Any] = {}

@@ -212,3 +212,9 @@ def prune(before: datetime) -> tuple[int, int]:
     changes, _ = ClaimStateChange.objects.filter(at__lt=before).delete()
     lives, _ = ClaimLifecycle.objects.filter(state="deleted", deleted_at__lt=before).delete()
     return changes, lives
+
+
+def namespaces_of(cluster: str) -> set[str]:
+    """The namespaces of every claim the history holds in the cluster named ``cluster``."""
+    rows = ClaimLifecycle.objects.filter(cluster__name=cluster)
+    return set(rows.values_list("namespace", flat=True).distinct())

@@ -1,6 +1,6 @@
 """Read queries behind the pending page, the claim diagnosis page and the pending websocket.
 
-Everything here is filtered by a :class:`~dashboard.visibility.Visibility`: rows of namespaces the user may
+Everything here is filtered by a :class:`~fleet.access.visibility.Visibility`: rows of namespaces the user may
 not see are never loaded, and diagnosis texts that name foreign claims (holders) are redacted. The query
 string of the pending page is parsed here too (:func:`parse_pending_query`), so the page, its live
 fragment and the tests share one reading of it.
@@ -23,16 +23,9 @@ from django.utils import timezone
 from claims.causes import Pending, cause_of
 from claims.diagnosis import diagnose
 from claims.fleetstate import FleetState
-from claims.models import (
-    ClaimDiagnosis,
-    Pod,
-    PodClaimUse,
-    ResourceClaim,
-    ResourceClaimTemplate,
-    SchedulingEvent,
-)
-from dashboard.visibility import Visibility, redact_diagnosis
-from fleet.models import Cluster
+from claims.models import ClaimDiagnosis
+from fleet.access.visibility import Visibility, redact_diagnosis
+from fleet.models import Cluster, Pod, PodClaimUse, ResourceClaim, ResourceClaimTemplate, SchedulingEvent
 from fleet.normalize import pod_claim_names
 
 SORTS = ("age", "-age", "namespace", "cluster", "name")

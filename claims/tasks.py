@@ -28,7 +28,8 @@ from claims.causes import Pending, cause_of
 from claims.consumers import notify_pending_changed
 from claims.diagnosis import diagnose, prepare
 from claims.fleetstate import FleetState
-from claims.models import ClaimDiagnosis, PendingCause, ResourceClaim
+from claims.models import ClaimDiagnosis, PendingCause
+from fleet.models import ResourceClaim
 
 log = logging.getLogger(__name__)
 

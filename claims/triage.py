@@ -33,7 +33,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from claims.causes import Pending, blocking_request, group_causes
-from dashboard.visibility import redact_text_for
+from fleet.access.visibility import redact_text_for
 
 HOLDING = frozenset({"allocated", "reserved", "deallocating"})
 MIN_PENDING = timedelta(seconds=60)

@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from claims.triage import WindowError, duration_text
 from claims.triage_selectors import UnknownCluster, report
-from dashboard.visibility import visibility_for
+from fleet.access.visibility import visibility_for
 from fleet.models import Cluster
 
 

@@ -24,7 +24,7 @@ from claims.causes import CauseGroup, Pending, cause_of, group_causes
 from claims.diagnosis import diagnose
 from claims.diagnosis_api import WHATIF_KINDS
 from claims.fleetstate import FleetState
-from dashboard.visibility import Visibility, redact_diagnosis, visibility_for
+from fleet.access.visibility import Visibility, redact_diagnosis, visibility_for
 from fleet.normalize import NormalizeError, clean_pasted_claim
 from fleet.snapshot import SnapshotError, read_text
 

@@ -3,7 +3,7 @@
 channels-redis raises a connection error out of ``receive`` when Redis goes away, which kills the consumer
 without a close frame. The groups a socket joined are gone with Redis anyway (a restart without persistence
 forgets them), so the socket cannot simply resume: ``receive`` hands the consumer a ``channel.lost`` message
-instead, and the consumer closes the socket cleanly (``dashboard.security.SessionBoundConsumer``), which
+instead, and the consumer closes the socket cleanly (``web.sockets.SessionBoundConsumer``), which
 the pages answer by reconnecting and joining again.
 """
 

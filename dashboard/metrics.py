@@ -23,8 +23,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from claims.models import ClaimDiagnosis, ResourceClaim
-from fleet.models import Cluster, WatchCursor
+from claims.models import ClaimDiagnosis
+from fleet.models import Cluster, ResourceClaim, WatchCursor
 from fleet.selectors import fleet_summary
 from usage.models import DeviceUsage, SamplingState
 

@@ -11,7 +11,7 @@ What this adds to the library, and why:
 - the ID token's ``iss`` and ``aud`` are checked (the library verifies only the signature, the expiry and the
   nonce);
 - a token that fails verification is a failed login (logged on ``claimscope.security``), not a 400;
-- new users get no namespace (``dashboard.visibility``: secure by default). With
+- new users get no namespace (``fleet.access.visibility``: secure by default). With
   ``CLAIMSCOPE_OIDC_NAMESPACES_CLAIM`` set, the namespaces listed in that claim become the user's grants at
   every login, replacing the previous ones (the issuer then owns SSO users' grants).
 """
@@ -122,8 +122,7 @@ class ClaimscopeOIDCBackend(OIDCAuthenticationBackend):
 
 def sync_grants(user: Any, pairs: list[tuple[str | None, str]]) -> None:
     """Make ``user``'s namespace grants exactly ``pairs`` (clusters named but unknown are skipped)."""
-    from claims.models import NamespaceGrant
-    from fleet.models import Cluster
+    from fleet.models import Cluster, NamespaceGrant
 
     clusters = dict(Cluster.objects.values_list("name", "id"))
     wanted = {(clusters[c] if c else None, ns) for c, ns in pairs if c is None or c in clusters}
@@ -140,7 +139,7 @@ def sync_kube_identity(user: Any, claims: Mapping[str, Any]) -> None:
     """Store the username and groups a cluster's API server derives from this user's OIDC token (its
     ``--oidc-username-claim``/``-prefix`` and ``--oidc-groups-claim``/``-prefix``, mirrored by the
     ``CLAIMSCOPE_RBAC_*`` settings): RBAC visibility asks the clusters about this identity."""
-    from claims.models import KubeIdentity
+    from fleet.models import KubeIdentity
 
     username = str(claims.get(settings.CLAIMSCOPE_RBAC_USERNAME_CLAIM) or "")
     raw_groups = claims.get(settings.CLAIMSCOPE_RBAC_GROUPS_CLAIM) or []

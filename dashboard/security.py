@@ -8,12 +8,9 @@ client address and the path.
 
 from __future__ import annotations
 
-import asyncio
-import hashlib
 import logging
 from collections.abc import Callable
-from typing import Any, TypeVar
-from urllib.parse import parse_qsl
+from typing import Any
 
 from asgiref.sync import async_to_sync
 from axes.backends import AxesStandaloneBackend
@@ -22,10 +19,11 @@ from django.conf import settings
 from django.contrib.auth.signals import user_logged_in, user_logged_out, user_login_failed
 from django.dispatch import receiver
 from django.http import HttpRequest, HttpResponse
-from redis.exceptions import RedisError
 
-from dashboard import audit
 from dashboard.views import healthz, readyz
+from fleet.access import audit
+from web.clients import client_ip
+from web.sockets import session_group
 
 log = logging.getLogger("claimscope.security")
 
@@ -96,19 +94,6 @@ class TrustedProxyMiddleware:
         return await self._inner(scope, receive, send)
 
 
-def client_address(request: HttpRequest | None) -> str | None:
-    """The client address for the login lockout (AXES_CLIENT_IP_CALLABLE): the peer, or what a trusted
-    proxy forwarded (TrustedProxyMiddleware); None without a request."""
-    if request is None:
-        return None
-    return request.META.get("REMOTE_ADDR") or None
-
-
-def client_ip(request: HttpRequest | None) -> str:
-    """The client address for logs: :func:`client_address`, ``-`` when unknown."""
-    return client_address(request) or "-"
-
-
 @receiver(user_login_failed, dispatch_uid="claimscope.security.login_failed")
 def log_login_failure(
     sender: object, credentials: dict[str, Any], request: HttpRequest | None = None, **kwargs: Any
@@ -135,109 +120,6 @@ def audit_login(sender: object, request: HttpRequest | None = None, user: Any = 
 def audit_logout(sender: object, request: HttpRequest | None = None, user: Any = None, **kwargs: Any) -> None:
     if user is not None:
         audit.record("logout", user.get_username(), request)
-
-
-def session_group(session_key: str | None, user_id: Any) -> str:
-    """The channel-layer group of the websockets opened with one login session (by user when the
-    connection has no session). Group names allow ASCII letters, digits, ``-``, ``_`` and ``.``; session keys
-    are letters and digits, hashed anyway so the key itself never travels through Redis."""
-    if session_key:
-        return "session-" + hashlib.sha256(session_key.encode()).hexdigest()[:32]
-    return f"user-{user_id}"
-
-
-SESSION_ENDED = 4401  # websocket close code: the login session behind the socket ended
-BAD_QUERY = 4400  # websocket close code: a query-string parameter is invalid (an error message precedes it)
-LAYER_UNAVAILABLE = 1013  # "try again later": the channel layer (Redis) did not answer while connecting
-LAYER_LOST = 1012  # "service restart": the channel layer lost Redis, and with it this socket's groups
-LAYER_TIMEOUT = 5.0  # seconds for joining the groups, per attempt
-LAYER_ERRORS = (RedisError, OSError, TimeoutError)
-T = TypeVar("T")
-
-
-class SessionBoundConsumer:
-    """Mixin for Channels websocket consumers: the socket closes when its login session ends (logout).
-
-    Call :meth:`join_session_group` in ``connect`` (after authenticating) and :meth:`leave_session_group` in
-    ``disconnect``; :meth:`session_end` handles the ``session.end`` message the logout signal sends.
-    """
-
-    scope: Any
-    channel_layer: Any
-    channel_name: str
-    session_group: str | None = None
-
-    async def open_with(
-        self, parse: Callable[[dict[str, str]], T], errors: tuple[type[Exception], ...]
-    ) -> T | None:
-        """What every consumer's ``connect`` starts with: a logged-in user, then its query string parsed by
-        ``parse``. Returns the parsed value, or None after closing the socket: 4401 without a login; 4400
-        after an ``{"type": "error", "parameter", "message"}`` message when ``parse`` raises one of
-        ``errors`` (exceptions with a ``parameter`` attribute)."""
-        user = self.scope.get("user")
-        if user is None or not user.is_authenticated:
-            await self.close(code=SESSION_ENDED)  # type: ignore[attr-defined]
-            return None
-        query = dict(parse_qsl(self.scope.get("query_string", b"").decode("latin-1")))
-        try:
-            return parse(query)
-        except errors as exc:
-            await self.accept()  # type: ignore[attr-defined]
-            message = {"type": "error", "parameter": getattr(exc, "parameter", ""), "message": str(exc)}
-            await self.send_json(message)  # type: ignore[attr-defined]
-            await self.close(code=BAD_QUERY)  # type: ignore[attr-defined]
-            return None
-
-    async def join_session_group(self) -> None:
-        session = self.scope.get("session")
-        user = self.scope.get("user")
-        self.session_group = session_group(getattr(session, "session_key", None), getattr(user, "pk", None))
-        await self.channel_layer.group_add(self.session_group, self.channel_name)
-
-    async def join_groups(self, *groups: str) -> bool:
-        """Join the session group and ``groups``. False after refusing the socket cleanly (accept, then
-        close with 1013) when the channel layer does not answer: never a 500 or a hanging handshake.
-
-        Tried twice: after a Redis restart the first command on a pooled connection fails, and the
-        next one connects again."""
-        failure: BaseException | None = None
-        for attempt in range(2):
-            try:
-                async with asyncio.timeout(LAYER_TIMEOUT):
-                    await self.join_session_group()
-                    for group in groups:
-                        await self.channel_layer.group_add(group, self.channel_name)
-                return True
-            except LAYER_ERRORS as exc:
-                failure = exc
-                if attempt == 0:
-                    await asyncio.sleep(0.2)
-        log.warning("websocket refused: channel layer unavailable (%s: %s)", type(failure).__name__, failure)
-        await self.accept()  # type: ignore[attr-defined]
-        await self.close(code=LAYER_UNAVAILABLE)  # type: ignore[attr-defined]
-        return False
-
-    async def leave_groups(self, *groups: str) -> None:
-        """Leave the session group and ``groups``; a channel layer that went away has forgotten them."""
-        try:
-            async with asyncio.timeout(LAYER_TIMEOUT):
-                if self.session_group is not None:
-                    await self.channel_layer.group_discard(self.session_group, self.channel_name)
-                for group in groups:
-                    await self.channel_layer.group_discard(group, self.channel_name)
-        except LAYER_ERRORS as exc:
-            log.info("websocket closed without leaving its groups: %s: %s", type(exc).__name__, exc)
-
-    async def leave_session_group(self) -> None:
-        await self.leave_groups()
-
-    async def channel_lost(self, event: dict[str, Any]) -> None:
-        """The channel layer lost Redis (dashboard/channel_layer.py): this socket's groups are gone, so it
-        closes and the page reconnects and joins again."""
-        await self.close(code=LAYER_LOST)  # type: ignore[attr-defined]
-
-    async def session_end(self, event: dict[str, Any]) -> None:
-        await self.close(code=SESSION_ENDED)  # type: ignore[attr-defined]
 
 
 @receiver(user_logged_out, dispatch_uid="claimscope.security.close_websockets")

@@ -231,8 +231,9 @@ REST_FRAMEWORK = {
     "NUM_PROXIES": 0,
 }
 API_TOKEN_DAYS = env_int("API_TOKEN_DAYS", 90, minimum=1)
-# Who sees which namespaces (dashboard.visibility): "grants" (claims.NamespaceGrant), or "kubernetes": the
-# clusters' own RBAC for the SSO identity (dashboard.kube_rbac), grants for clusters without shared identity.
+# Who sees which namespaces (fleet.access.visibility): "grants" (fleet.NamespaceGrant), or "kubernetes":
+# the clusters' own RBAC for the SSO identity (fleet.access.kube_rbac), grants for clusters without shared
+# identity.
 CLAIMSCOPE_VISIBILITY = env_str("CLAIMSCOPE_VISIBILITY", "grants")
 if CLAIMSCOPE_VISIBILITY not in ("grants", "kubernetes"):
     raise ConfigError("CLAIMSCOPE_VISIBILITY", CLAIMSCOPE_VISIBILITY, "grants or kubernetes")
@@ -307,7 +308,7 @@ AXES_COOLOFF_TIME = timedelta(minutes=env_int("LOGIN_COOLOFF_MINUTES", 15, minim
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 # The peer address after TrustedProxyMiddleware, never a header read by axes itself (django-ipware, if it
 # were ever installed, would believe X-Forwarded-For from anyone).
-AXES_CLIENT_IP_CALLABLE = "dashboard.security.client_address"
+AXES_CLIENT_IP_CALLABLE = "web.clients.client_address"
 AXES_RESET_ON_SUCCESS = True
 AXES_LOCKOUT_TEMPLATE = "429.html"
 AXES_HTTP_RESPONSE_CODE = 429
@@ -339,7 +340,7 @@ MIDDLEWARE = [
     "dashboard.security.DenialLogMiddleware",
     *MIDDLEWARE[_after_security:],
     "axes.middleware.AxesMiddleware",
-    "dashboard.audit.ExportAuditMiddleware",  # after DRF has named the user: CSV and token reads
+    "fleet.access.audit.ExportAuditMiddleware",  # after DRF has named the user: CSV and token reads
 ]
 
 # claimscope's own settings.
@@ -366,7 +367,7 @@ CLAIMSCOPE_IDLE_BELOW_PERCENT = env_int("CLAIMSCOPE_IDLE_BELOW_PERCENT", 5, mini
 CLAIMSCOPE_IDLE_WINDOW_MINUTES = env_int("CLAIMSCOPE_IDLE_WINDOW_MINUTES", 60, minimum=1)
 # /metrics (dashboard/metrics.py) is served only with this bearer token set.
 CLAIMSCOPE_METRICS_TOKEN = env_str("CLAIMSCOPE_METRICS_TOKEN")
-INSTALLED_APPS += ["usage"]
+INSTALLED_APPS += ["usage", "simulator"]
 CELERY_IMPORTS += ("usage.tasks",)
 CELERY_BEAT_SCHEDULE |= {
     "usage-sample": {"task": "usage.tasks.sample_utilization", "schedule": float(CLAIMSCOPE_USAGE_INTERVAL)},

@@ -14,13 +14,13 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from dashboard.renderers import ORJSONRenderer
-from dashboard.visibility import redact_heatmap_rows, visibility_for
 from fleet import api_filters, api_selectors, feed, heatmap
 from fleet import api_serializers as rows
+from fleet.access.visibility import redact_heatmap_rows, visibility_for
 from fleet.api_base import StrictContentNegotiation, ValuesListViewSet, ValuesViewSet, reject_empty
 from fleet.filters import PARAMETERS, STATES, FilterError, parse_filters
 from fleet.models import AllocationSample, Cluster, Device, DeviceClass, Node, WatchCursor, stream_status
+from web.renderers import ORJSONRenderer
 
 # The FleetFilter rules (fleet/filters.py) as schema patterns, so clients (and fuzzers) know them.
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$"

@@ -27,7 +27,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from dashboard.renderers import CSVRenderer, ORJSONRenderer
+from web.renderers import CSVRenderer, ORJSONRenderer
 
 MAX_PAGE_SIZE = 10_000
 MAX_ID = 2**63 - 1

@@ -13,7 +13,6 @@ import time
 from collections import defaultdict
 from typing import Any
 
-from django.apps import apps
 from django.core.cache import cache
 from django.db.models import (
     BooleanField,
@@ -30,7 +29,7 @@ from django.db.models import (
 
 from fleet import commit_counter, counts, selectors
 from fleet.counts import FleetSummary
-from fleet.models import Cluster, Device, ResourceSlice
+from fleet.models import Cluster, Device, DeviceAllocation, ResourceClaim, ResourceSlice
 from fleet.normalize import FULL_GPU_SLICES
 
 SUMMARY_CACHE_SECONDS = 3600
@@ -39,7 +38,7 @@ log = logging.getLogger(__name__)
 
 def _allocations() -> QuerySet[Any]:
     # Through the app registry: fleet never imports claims (see fleet.selectors.allocated_keys).
-    return apps.get_model("claims", "DeviceAllocation").objects.filter(admin_access=False)
+    return DeviceAllocation.objects.filter(admin_access=False)
 
 
 def newest_generation() -> Subquery:
@@ -93,7 +92,7 @@ def claim_names(cluster_uids: set[tuple[int, str]]) -> dict[tuple[int, str], str
     """``namespace/name`` of claims by (cluster id, uid), in one query."""
     if not cluster_uids:
         return {}
-    claim = apps.get_model("claims", "ResourceClaim")
+    claim = ResourceClaim
     rows = claim.objects.filter(
         cluster_id__in={c for c, _ in cluster_uids}, uid__in={u for _, u in cluster_uids}
     ).values_list("cluster_id", "uid", "namespace", "name")
@@ -159,7 +158,7 @@ def fleet_version() -> tuple[Any, ...]:
     """Changes whenever ingest commits a change: the counter it bumps after each commit
     (:mod:`fleet.commit_counter`), and, should the cache lose that counter, the row counts and the latest
     ``synced_at`` ingest stamps on every slice or claim it writes."""
-    claim = apps.get_model("claims", "ResourceClaim")
+    claim = ResourceClaim
     slices = ResourceSlice.objects.aggregate(n=Count("id"), t=Max("synced_at"))
     claims = claim.objects.aggregate(n=Count("id"), t=Max("synced_at"))
     counts = (Cluster.objects.count(), slices["n"], slices["t"], claims["n"], claims["t"])

@@ -26,7 +26,7 @@ from rest_framework import exceptions
 from rest_framework.authentication import TokenAuthentication
 from rest_framework.throttling import SimpleRateThrottle
 
-from dashboard import audit
+from fleet.access import audit
 from fleet.models import ApiToken
 
 PREFIX_LENGTH = 8

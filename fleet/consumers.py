@@ -6,9 +6,9 @@ While connected, the consumer counts as a listener of the process-wide GPU cache
 receives goes to :meth:`fleet.feed.FleetFeed.mark`, which passes the pools it names to the cache, so the
 cache re-reads those pools only instead of checking every pool of the fleet.
 
-Each connection also joins its login session's group (:func:`dashboard.security.session_group`): logging
+Each connection also joins its login session's group (:func:`web.sockets.session_group`): logging
 out sends ``session.end`` there and every socket of that session closes. Rows pass through
-:func:`dashboard.visibility.redact_heatmap_rows` for this connection's user after they are built, so a
+:func:`fleet.access.visibility.redact_heatmap_rows` for this connection's user after they are built, so a
 feed shared between connections never carries one user's view to another.
 """
 
@@ -26,10 +26,10 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 from django.db import close_old_connections
 
-from dashboard.security import BAD_QUERY, SESSION_ENDED, SessionBoundConsumer
-from dashboard.visibility import Visibility, redact_heatmap_rows, visibility_for
 from fleet import feed as fleet_feed
+from fleet.access.visibility import Visibility, redact_heatmap_rows, visibility_for
 from fleet.filters import FilterError, parse_filters
+from web.sockets import BAD_QUERY, SESSION_ENDED, SessionBoundConsumer
 
 log = logging.getLogger(__name__)
 

@@ -251,7 +251,7 @@ class ApiToken(models.Model):
 class AuditEvent(models.Model):
     """Who did what, from where: logins and their failures, token creation, use and revocation, exports.
 
-    Written by ``dashboard.audit.record`` only, which also logs each event on ``claimscope.audit``.
+    Written by ``fleet.access.audit.record`` only, which also logs each event on ``claimscope.audit``.
     """
 
     at = models.DateTimeField(db_index=True)
@@ -265,3 +265,236 @@ class AuditEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.at:%Y-%m-%d %H:%M:%S} {self.action} {self.username}"
+
+
+# ------------------------------------------------------------------ claims, pods and events (namespaced)
+
+
+class NamespacedObject(KubeObject):
+    namespace = models.CharField(max_length=63)
+
+    class Meta:
+        abstract = True
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+class ResourceClaim(NamespacedObject):
+    """A ResourceClaim and its state.
+
+    pending: no allocation yet; allocated: devices chosen, no consumer reserved; reserved: devices chosen and
+    ``reservedFor`` names consumers; deallocating: allocated and being deleted.
+    """
+
+    STATES = [
+        ("pending", "pending"),
+        ("allocated", "allocated"),
+        ("reserved", "reserved"),
+        ("deallocating", "deallocating"),
+    ]
+    state = models.CharField(max_length=16, choices=STATES)
+    requests = models.JSONField(default=list)
+    constraints = models.JSONField(default=list)
+    reserved_for = models.JSONField(default=list)
+    node_name = models.CharField(max_length=253, blank=True)
+    owner_pod_uid = models.CharField(max_length=128, blank=True)
+    owner_pod_name = models.CharField(max_length=253, blank=True)
+    pod_claim_name = models.CharField(max_length=253, blank=True)
+    allocated_at = models.DateTimeField(null=True)
+    deleted_at = models.DateTimeField(null=True)
+
+    class Meta:
+        db_table = "claims_resourceclaim"  # the table kept its name when the model moved from claims
+        constraints = [
+            models.UniqueConstraint(fields=["cluster", "uid"], name="claim_uid"),
+            models.UniqueConstraint(fields=["cluster", "namespace", "name"], name="claim_name"),
+        ]
+        indexes = [models.Index(fields=["cluster", "state"], name="claim_state")]
+
+
+class ResourceClaimTemplate(NamespacedObject):
+    """A ResourceClaimTemplate: the spec the claim controller stamps claims from, one per pod."""
+
+    requests = models.JSONField(default=list)
+    constraints = models.JSONField(default=list)
+
+    class Meta:
+        db_table = "claims_resourceclaimtemplate"  # the table kept its name when the model moved from claims
+        constraints = [
+            models.UniqueConstraint(fields=["cluster", "uid"], name="template_uid"),
+            models.UniqueConstraint(fields=["cluster", "namespace", "name"], name="template_name"),
+        ]
+
+
+class DeviceAllocation(models.Model):
+    """One device named in a claim's ``status.allocation.devices.results``.
+
+    Linked to the claim by (cluster, claim uid) and to the device by its natural key, without database
+    foreign keys: an allocation may arrive before the slice that publishes its device (or outlive it).
+    """
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE)
+    claim_uid = models.CharField(max_length=128)
+    request = models.CharField(max_length=127)
+    driver = models.CharField(max_length=63)
+    pool = models.CharField(max_length=253)
+    device_name = models.CharField(max_length=63)
+    admin_access = models.BooleanField(default=False)
+    share_id = models.CharField(max_length=64, blank=True)
+    consumed_capacity = models.JSONField(default=dict)
+    claim = models.ForeignObject(
+        ResourceClaim,
+        on_delete=models.DO_NOTHING,
+        from_fields=["cluster", "claim_uid"],
+        to_fields=["cluster", "uid"],
+        related_name="allocations",
+    )
+    device = models.ForeignObject(
+        Device,
+        on_delete=models.DO_NOTHING,
+        from_fields=["cluster", "driver", "pool", "device_name"],
+        to_fields=["cluster", "driver", "pool", "name"],
+        related_name="allocations",
+    )
+
+    class Meta:
+        db_table = "claims_deviceallocation"  # the table kept its name when the model moved from claims
+        constraints = [
+            models.UniqueConstraint(
+                fields=["cluster", "claim_uid", "request", "driver", "pool", "device_name", "share_id"],
+                name="allocation_key",
+            )
+        ]
+        indexes = [
+            models.Index(fields=["cluster", "driver", "pool", "device_name"], name="allocation_device"),
+            models.Index(fields=["cluster", "claim_uid"], name="allocation_claim"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.claim_uid}: {self.driver}/{self.pool}/{self.device_name}"
+
+
+class Pod(NamespacedObject):
+    """A pod that uses resource claims or GPU extended resources, with its PodScheduled condition."""
+
+    phase = models.CharField(max_length=32, blank=True)
+    node_name = models.CharField(max_length=253, blank=True)
+    scheduled_status = models.CharField(max_length=16, blank=True)
+    scheduled_reason = models.CharField(max_length=128, blank=True)
+    scheduled_message = models.TextField(blank=True)
+    scheduled_at = models.DateTimeField(null=True)
+    claim_refs = models.JSONField(default=list)
+    claim_statuses = models.JSONField(default=list)
+    gpu_requests = models.IntegerField(default=0)
+
+    class Meta:
+        db_table = "claims_pod"  # the table kept its name when the model moved from claims
+        constraints = [
+            models.UniqueConstraint(fields=["cluster", "uid"], name="pod_uid"),
+            models.UniqueConstraint(fields=["cluster", "namespace", "name"], name="pod_name"),
+        ]
+        indexes = [models.Index(fields=["cluster", "scheduled_status"], name="pod_scheduled")]
+
+
+class PodClaimUse(models.Model):
+    """A claim a pod uses (by name, in the pod's namespace): the pod's direct references and the claims
+    generated from its templates. Written by ingest with the pod (a child row), so "which pods use this
+    claim" is an indexed lookup on every database instead of a JSON containment query."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE)
+    pod_uid = models.CharField(max_length=128)
+    namespace = models.CharField(max_length=63)
+    claim_name = models.CharField(max_length=253)
+
+    class Meta:
+        db_table = "claims_podclaimuse"  # the table kept its name when the model moved from claims
+        constraints = [
+            models.UniqueConstraint(fields=["cluster", "pod_uid", "claim_name"], name="pod_claim_use_key")
+        ]
+        indexes = [models.Index(fields=["cluster", "namespace", "claim_name"], name="pod_claim_use_claim")]
+
+    def __str__(self) -> str:
+        return f"{self.pod_uid} uses {self.namespace}/{self.claim_name}"
+
+
+class SchedulingEvent(NamespacedObject):
+    """A Kubernetes Event that explains a stuck pod or claim (FailedScheduling and the like)."""
+
+    reason = models.CharField(max_length=128)
+    type = models.CharField(max_length=32, blank=True)
+    message = models.TextField(blank=True)
+    involved_kind = models.CharField(max_length=64, blank=True)
+    involved_namespace = models.CharField(max_length=63, blank=True)
+    involved_name = models.CharField(max_length=253, blank=True)
+    involved_uid = models.CharField(max_length=128, blank=True)
+    count = models.IntegerField(default=1)
+    first_at = models.DateTimeField(null=True)
+    last_at = models.DateTimeField(null=True)
+
+    class Meta:
+        db_table = "claims_schedulingevent"  # the table kept its name when the model moved from claims
+        constraints = [
+            models.UniqueConstraint(fields=["cluster", "uid"], name="event_uid"),
+            models.UniqueConstraint(fields=["cluster", "namespace", "name"], name="event_name"),
+        ]
+        indexes = [models.Index(fields=["cluster", "involved_uid"], name="event_involved")]
+
+
+# ------------------------------------------------------------------ tenancy: who sees which namespaces
+
+
+class NamespaceGrant(models.Model):
+    """Lets a user see the claims, pods and events of one namespace (``fleet.access.visibility``).
+
+    ``cluster`` null means the namespace of that name in every cluster. Users see no namespace unless granted
+    one here, or given the ``fleet.view_all_namespaces`` permission, or are superusers. Edited in the admin.
+    """
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="namespace_grants"
+    )
+    cluster = models.ForeignKey(
+        Cluster,
+        on_delete=models.CASCADE,
+        null=True,
+        blank=True,
+        help_text="Empty: this namespace in every cluster.",
+    )
+    namespace = models.CharField(max_length=63)
+
+    class Meta:
+        db_table = "claims_namespacegrant"  # the table kept its name when the model moved from claims
+        constraints = [
+            models.UniqueConstraint(fields=["user", "cluster", "namespace"], name="grant_key"),
+            models.UniqueConstraint(
+                fields=["user", "namespace"],
+                condition=models.Q(cluster__isnull=True),
+                name="grant_key_all_clusters",
+            ),
+        ]
+        permissions = [("view_all_namespaces", "Can see claims, pods and events in every namespace")]
+
+    def __str__(self) -> str:
+        where = self.cluster.name if self.cluster is not None else "*"
+        return f"{self.user}: {where}/{self.namespace}"
+
+
+class KubeIdentity(models.Model):
+    """The Kubernetes identity of a single-sign-on user: the username and groups the clusters' API servers
+    give the same OIDC token (``CLAIMSCOPE_RBAC_*`` claims and prefixes). In ``CLAIMSCOPE_VISIBILITY=
+    kubernetes`` the clusters' RBAC is asked what this identity may list (``fleet.access.kube_rbac``).
+    Written at each OIDC login by ``dashboard.oidc``."""
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="kube_identity"
+    )
+    username = models.CharField(max_length=253)
+    groups = models.JSONField(default=list)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        db_table = "claims_kubeidentity"  # the table kept its name when the model moved from claims
+
+    def __str__(self) -> str:
+        return f"{self.username} {self.groups}"

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, cast
 
-from django.apps import apps
 from django.db import connection, transaction
 from django.db.models import BooleanField, Count, ExpressionWrapper, Max, Model, Q, QuerySet
 
@@ -24,7 +23,7 @@ from fleet.counts import DeviceKey as DeviceKey
 from fleet.counts import FleetSummary as FleetSummary
 from fleet.counts import GroupCount as GroupCount
 from fleet.counts import ModelTotals as ModelTotals
-from fleet.models import Device, ResourceSlice
+from fleet.models import Device, DeviceAllocation, ResourceClaim, ResourceSlice
 from fleet.normalize import FULL_GPU_SLICES
 from fleet.quantity import QuantityError, parse_quantity
 
@@ -152,7 +151,7 @@ def _of_newest(rows: Iterable[dict[str, Any]], newest: dict[PoolKey, int]) -> li
 def allocated_keys(cluster_id: int | None = None) -> set[DeviceKey]:
     """Devices named in claims' allocation results, adminAccess results excluded."""
     # Read through the app registry: fleet never imports claims, but allocations are facts about devices.
-    allocation = apps.get_model("claims", "DeviceAllocation")
+    allocation = DeviceAllocation
     rows = allocation.objects.filter(admin_access=False)
     if cluster_id is not None:
         rows = rows.filter(cluster_id=cluster_id)
@@ -243,7 +242,7 @@ def allocation_holders(
 ) -> dict[DeviceKey, list[Holder]]:
     """The claims named in allocation results, per device: one query (allocations joined to claims).
     Its keys are :func:`allocated_keys`' (the same rule)."""
-    allocation = apps.get_model("claims", "DeviceAllocation")
+    allocation = DeviceAllocation
     rows = allocation.objects.filter(admin_access=False)
     if cluster_ids is not None:
         rows = rows.filter(cluster_id__in=list(cluster_ids))
@@ -475,8 +474,8 @@ def pool_versions(
 # The same versions through the ORM, for the embedded SQLite: equal where PostgreSQL's are equal (the feed
 # only compares a version with the previous one of the same process), written with portable aggregates.
 def _cluster_versions_orm(ids: list[int]) -> dict[int, tuple[Any, ...]]:
-    claim_model = apps.get_model("claims", "ResourceClaim")
-    allocation_model = apps.get_model("claims", "DeviceAllocation")
+    claim_model = ResourceClaim
+    allocation_model = DeviceAllocation
     out: dict[int, list[Any]] = defaultdict(lambda: [0, None, 0, None, 0, None])
     models: tuple[type[Model], ...] = (ResourceSlice, claim_model, allocation_model)
     for i, model in enumerate(models):
@@ -489,7 +488,7 @@ def _cluster_versions_orm(ids: list[int]) -> dict[int, tuple[Any, ...]]:
 
 
 def _pool_versions_orm(ids: list[int], pools: Iterable[PoolKey] | None) -> dict[PoolKey, tuple[Any, ...]]:
-    allocation_model = apps.get_model("claims", "DeviceAllocation")
+    allocation_model = DeviceAllocation
     wanted = None if pools is None else {k for k in pools if k[0] in ids}
     if wanted is not None and not wanted:
         return {}

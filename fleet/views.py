@@ -7,23 +7,31 @@ from functools import wraps
 from typing import Any
 
 import orjson
-from django.apps import apps
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 from django.utils import timezone
 
-from dashboard.visibility import (
+from fleet import counts, feed, heatmap, overview, selectors
+from fleet.access.visibility import (
     Visibility,
     redact_claim_refs,
     redact_heatmap_rows,
     redact_holders,
     visibility_for,
 )
-from fleet import counts, feed, heatmap, overview, selectors
 from fleet.filters import PARAMETERS as FILTER_PARAMETERS
 from fleet.filters import STATES, FilterError, FleetFilter, parse_filters
-from fleet.models import Cluster, Device, Node
+from fleet.models import (
+    Cluster,
+    Device,
+    DeviceAllocation,
+    Node,
+    Pod,
+    PodClaimUse,
+    ResourceClaim,
+    SchedulingEvent,
+)
 
 MIG_PAGE_LIMIT = 400  # GPUs drawn on one MIG page; narrow with filters for more
 View = Callable[..., HttpResponse]
@@ -167,7 +175,7 @@ def _redact_mig(gpus: list[overview.MigGpu], request: HttpRequest) -> list[overv
 def _visible_holders(
     vis: Visibility, c: Cluster, pools: list[str]
 ) -> dict[selectors.DeviceKey, list[selectors.Holder]]:
-    """Holders of the cluster's devices, foreign claims without their identity (dashboard.visibility)."""
+    """Holders of the cluster's devices, foreign claims without their identity (fleet.access.visibility)."""
     holders = selectors.allocation_holders([c.pk], pools=pools, consumers=True)
     return redact_holders(holders, vis, {c.pk: c.name})
 
@@ -224,7 +232,7 @@ def _gpu_context(request: HttpRequest, cluster: str, node: str, index: int) -> d
     cell = next((cell for cell in (row[4] if row else []) if cell[0] == index), None)
     device_rows = overview.device_states(mine, holders, counter_sets)
     # One line per claim: hidden claims (blank names) are told apart by object (one per claim, see
-    # dashboard.visibility.redact_holders), visible ones by name.
+    # fleet.access.visibility.redact_holders), visible ones by name.
     held = {(h.namespace, h.name) if h.name else id(h): h for d in device_rows for h in d["holders"]}
     claims = sorted((h.namespace, h.name, h.state) for h in held.values())
     consumers = sorted({u for d in device_rows for h in d["holders"] for u in h.consumers})
@@ -275,11 +283,11 @@ def device_detail(request: HttpRequest, cluster: str) -> HttpResponse:
 
 def claim_detail(request: HttpRequest, cluster: str, namespace: str, name: str) -> HttpResponse:
     # fleet never imports claims: read its models through the app registry.
-    claim_model = apps.get_model("claims", "ResourceClaim")
-    allocation_model = apps.get_model("claims", "DeviceAllocation")
-    pod_model = apps.get_model("claims", "Pod")
-    pod_use_model = apps.get_model("claims", "PodClaimUse")
-    event_model = apps.get_model("claims", "SchedulingEvent")
+    claim_model = ResourceClaim
+    allocation_model = DeviceAllocation
+    pod_model = Pod
+    pod_use_model = PodClaimUse
+    event_model = SchedulingEvent
     c = get_object_or_404(Cluster, name=cluster)
     # A claim in a namespace the user may not see is a 404, like a missing one: existence is not confirmed.
     if not visibility_for(request.user).allows(c.name, namespace):

@@ -34,6 +34,8 @@ $VENV/bin/ruff check .
 $VENV/bin/ruff format --check .
 echo "== mypy"
 $VENV/bin/mypy .
+echo "== layering (import-linter contracts in pyproject.toml)"
+$VENV/bin/lint-imports
 
 # Pages, API, websockets, triage and security run on both databases: PostgreSQL (production) in the first
 # pass, then SQLite with the in-memory channel layer (the embedded default `make demo` runs) in a second.

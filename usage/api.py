@@ -16,11 +16,11 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from dashboard.renderers import CSVRenderer, ORJSONRenderer
-from dashboard.visibility import visibility_for
+from fleet.access.visibility import visibility_for
 from fleet.api_base import StrictContentNegotiation, reject_empty
 from usage.report import SECTIONS, WindowError, idle_report, section_rows
 from usage.trends import GROUPS, trend_rows
+from web.renderers import CSVRenderer, ORJSONRenderer
 
 PARAMETERS = ("since", "until", "below", "cluster", "section", "format")
 _WHEN = "ISO 8601 (no offset: UTC), a duration before now (24h, 7d; for since: before until) or 'now'"

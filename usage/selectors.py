@@ -7,7 +7,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from django.apps import apps
 from django.db.models import Q, QuerySet
 
 from usage.models import ClaimUsage, DeviceUsage, SamplingState, UsageTrend
@@ -119,7 +118,8 @@ def add_blocked(
     if not claims:
         return
     # Through the app registry: pending causes are the claims app's, and usage reads them, never imports.
-    cause = apps.get_model("claims", "PendingCause")
+    from claims.models import PendingCause as cause
+
     since = min(c.idle_since or c.first_seen for c in claims)
     until = max(c.last_seen for c in claims)
     waiting: list[tuple[str, str, str, datetime, datetime, set[str]]] = []

@@ -14,14 +14,14 @@ from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadReque
 from django.shortcuts import render
 from django.utils import timezone
 
-from dashboard.renderers import dumps
-from dashboard.visibility import visibility_for
+from fleet.access.visibility import visibility_for
 from fleet.models import Cluster, Device
 from usage import cells, charts, selectors
 from usage.models import SamplingState
 from usage.prometheus import PrometheusSource, PrometheusUnavailable
 from usage.report import WindowError, idle_report
 from usage.trends import GROUPS, trend_rows
+from web.renderers import dumps
 
 
 def _param(request: HttpRequest, name: str) -> str | None:

@@ -48,7 +48,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.e2e.simserver import HOLD_SECONDS, TAINT, TAINT_SHARE, pending_shapes
-from fleet.simulator import nvidia as nv
+from simulator import nvidia as nv
 from tests.controlplane.kube import ApiError, Kube
 from tests.controlplane.launcher import ControlPlane
 from tests.controlplane.nodes import for_create

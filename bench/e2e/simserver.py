@@ -4,7 +4,7 @@
 
 Builds the preset's nodes and slices, 38,000 allocated claims (every full GPU of the whole-GPU pools, then
 static MIG devices) with their running pods, and 2,000 pending claims of the diagnosis benchmark's shapes;
-serves them with :class:`fleet.simulator.apiserver.SimulatorAPIServer` and writes ``RUN_DIR/kubeconfig``.
+serves them with :class:`simulator.apiserver.SimulatorAPIServer` and writes ``RUN_DIR/kubeconfig``.
 
 Commands are files the orchestrator drops into ``RUN_DIR`` (polled every 100 ms):
 
@@ -40,10 +40,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from fleet.kube.source import Gone
-from fleet.simulator import nvidia as nv
-from fleet.simulator.apiserver import SimulatorAPIServer
-from fleet.simulator.cluster import KINDS, SimulatedCluster
-from fleet.simulator.spec import build_fleet, preset
+from simulator import nvidia as nv
+from simulator.apiserver import SimulatorAPIServer
+from simulator.cluster import KINDS, SimulatedCluster
+from simulator.spec import build_fleet, preset
 
 Obj = dict[str, Any]
 CLUSTER = "sim"  # the cluster name the orchestrator configures (row keys are "<cluster>/<node>")

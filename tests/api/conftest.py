@@ -13,8 +13,8 @@ from django.core.cache import cache
 from django.core.management import call_command
 from rest_framework.test import APIClient
 
-from dashboard.visibility import grant_all_namespaces
 from fleet import ingest
+from fleet.access.visibility import grant_all_namespaces
 from fleet.importer import INGEST_ORDER
 from fleet.kube.reflector import Reflector, StreamConfig
 from tests.databases import require_expected_backend
@@ -67,7 +67,7 @@ def fixture_fleet():
 @functools.cache
 def _monday():
     """The monday scenario at Monday 09:00 (the weekend played by the simulator); read-only afterwards."""
-    from fleet.simulator import scenarios
+    from simulator import scenarios
 
     simulation = scenarios.monday_simulation(0)
     simulation.run(scenarios.MONDAY_09)

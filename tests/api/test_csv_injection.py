@@ -10,8 +10,8 @@ import pytest
 from django.db.models import F, Value
 from django.db.models.functions import Concat
 
-from dashboard.renderers import CSVRenderer, neutralise
 from tests.api.test_endpoints import LISTS
+from web.renderers import CSVRenderer, neutralise
 
 # One payload per character OWASP lists; the first is the review's example.
 PAYLOADS = (
@@ -27,8 +27,18 @@ DANGEROUS = ("=", "+", "-", "@", "\t", "\r")
 
 def poison(name: str, payload: str) -> str:
     """Write the payload into a column of the objects behind one list endpoint; return that column."""
-    from claims.models import Pod, ResourceClaim, SchedulingEvent
-    from fleet.models import AllocationSample, Cluster, Device, DeviceClass, Node, ResourceSlice, WatchCursor
+    from fleet.models import (
+        AllocationSample,
+        Cluster,
+        Device,
+        DeviceClass,
+        Node,
+        Pod,
+        ResourceClaim,
+        ResourceSlice,
+        SchedulingEvent,
+        WatchCursor,
+    )
 
     target = {
         "clusters": (Cluster, "description", "description"),

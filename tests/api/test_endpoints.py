@@ -79,9 +79,8 @@ class TestOnTheFixtureFleet:
         assert body["clusters"] == [] and body["total"]["devices"] == 0
 
     def test_summary_follows_ingest_through_a_warm_task_never_computed_on_the_request(self, api, monkeypatch):
-        from claims.models import ResourceClaim
         from fleet import api_selectors, ingest, tasks_summary
-        from fleet.models import Cluster
+        from fleet.models import Cluster, ResourceClaim
         from fleet.normalize import normalize
 
         enqueued: list[int] = []

@@ -17,7 +17,7 @@ from typing import Any
 
 from claims.cel import CelCompileError, CelRuntimeError, compile_selector, device_view, evaluate
 from fleet.quantity import parse_quantity
-from fleet.simulator import nvidia
+from simulator import nvidia
 
 Obj = dict[str, Any]
 CASE_LABEL = "claimscope.test/case"

@@ -1,13 +1,13 @@
 """Publishes a simulated NVIDIA GPU fleet into the test control plane.
 
-The object shapes come from ``fleet.simulator.nvidia`` (the same generator the demo uses), so a
+The object shapes come from ``simulator.nvidia`` (the same generator the demo uses), so a
 test exercises exactly what the dashboard will ingest; this module only creates the objects and
 the kubelet-less Nodes they refer to.
 """
 
 from __future__ import annotations
 
-from fleet.simulator import nvidia
+from simulator import nvidia
 from tests.controlplane.kube import ApiError, Kube, Obj
 from tests.controlplane.nodes import for_create, register_node
 

@@ -29,7 +29,7 @@ import yaml
 from claims.diagnosis import diagnose
 from claims.fleetstate import FleetState
 from fleet.normalize import claim_as_v1
-from fleet.simulator import nvidia
+from simulator import nvidia
 from tests.controlplane.diffgen import (
     CASE_LABEL,
     Case,

@@ -8,7 +8,7 @@ from io import StringIO
 import pytest
 from django.core.management import CommandError, call_command
 
-from fleet.simulator import nvidia
+from simulator import nvidia
 from tests.controlplane.kube import Kube, wait_for
 from tests.controlplane.launcher import ControlPlane
 from tests.controlplane.nodes import for_create

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from fleet.simulator import nvidia
+from simulator import nvidia
 from tests.controlplane.kube import ApiError, Kube, Obj, wait_for
 from tests.controlplane.nodes import for_create
 from tests.controlplane.publisher import FleetPublisher

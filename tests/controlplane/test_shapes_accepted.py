@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 import yaml
 
-from claims.simulation import allocator_schedule
-from fleet.simulator import scenarios
-from fleet.simulator.spec import build_fleet, preset
+from simulator import scenarios
+from simulator.scheduling_allocator import allocator_schedule
+from simulator.spec import build_fleet, preset
 from tests.controlplane.kube import ApiError, Kube, wait_for
 
 pytestmark = pytest.mark.controlplane

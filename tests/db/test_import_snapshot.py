@@ -9,8 +9,17 @@ import pytest
 import yaml
 from django.core.management import CommandError, call_command
 
-from claims.models import DeviceAllocation, Pod, ResourceClaim, ResourceClaimTemplate, SchedulingEvent
-from fleet.models import Device, DeviceClass, Node, ResourceSlice
+from fleet.models import (
+    Device,
+    DeviceAllocation,
+    DeviceClass,
+    Node,
+    Pod,
+    ResourceClaim,
+    ResourceClaimTemplate,
+    ResourceSlice,
+    SchedulingEvent,
+)
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 EXPECTED = json.loads((FIXTURES / "EXPECTED.json").read_text())

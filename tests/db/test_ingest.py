@@ -8,12 +8,12 @@ from django.db.models import JSONField
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from claims.models import ClaimLifecycle, DeviceAllocation, ResourceClaim
+from claims.models import ClaimLifecycle
 from fleet import ingest
 from fleet.ingest import Change, CursorUpdate
-from fleet.models import Cluster, Device, Node, ResourceSlice, WatchCursor
+from fleet.models import Cluster, Device, DeviceAllocation, Node, ResourceClaim, ResourceSlice, WatchCursor
 from fleet.normalize import normalize
-from fleet.simulator import nvidia
+from simulator import nvidia
 
 
 @pytest.fixture

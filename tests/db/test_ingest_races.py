@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 from django.utils import timezone
 
-from claims.models import ClaimDiagnosis, ClaimLifecycle, DeviceAllocation, ResourceClaim
+from claims.models import ClaimDiagnosis, ClaimLifecycle
 from fleet import ingest
 from fleet.ingest import Change, CursorUpdate
+from fleet.models import DeviceAllocation, ResourceClaim
 from tests.db.test_ingest import claim_record, upserts
 
 pytestmark = pytest.mark.django_db

@@ -9,10 +9,10 @@ from contextlib import contextmanager
 
 import pytest
 
-from claims.models import ClaimLifecycle, ClaimStateChange, DeviceAllocation, ResourceClaim
+from claims.models import ClaimLifecycle, ClaimStateChange
 from fleet import ingest
 from fleet.ingest import Change
-from fleet.models import Device, Node, ResourceSlice
+from fleet.models import Device, DeviceAllocation, Node, ResourceClaim, ResourceSlice
 from tests.db.test_ingest import claim_record, node, slice_record, upserts
 
 

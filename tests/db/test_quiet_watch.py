@@ -13,9 +13,9 @@ from fleet import ingest
 from fleet.kube.kubesource import KubeSource
 from fleet.kube.reflector import Reflector, StreamConfig
 from fleet.models import WatchCursor
-from fleet.simulator import nvidia
-from fleet.simulator.apiserver import SimulatorAPIServer
-from fleet.simulator.cluster import SimulatedCluster
+from simulator import nvidia
+from simulator.apiserver import SimulatorAPIServer
+from simulator.cluster import SimulatedCluster
 
 # The watch lasts 2.5 times the silence limit; the server bookmarks 10 times per silence limit.
 CONFIG = StreamConfig(

@@ -6,12 +6,11 @@ import threading
 
 import pytest
 
-from claims.models import Pod
 from fleet import ingest
 from fleet.kube.reflector import Reflector, StreamConfig
-from fleet.models import Node, WatchCursor
-from fleet.simulator import nvidia
-from fleet.simulator.cluster import SimulatedCluster
+from fleet.models import Node, Pod, WatchCursor
+from simulator import nvidia
+from simulator.cluster import SimulatedCluster
 
 FAST = StreamConfig(
     flush_interval=0.05, watch_timeout=0.2, idle_timeout=5, backoff_min=0.01, backoff_max=0.02

@@ -3,10 +3,9 @@
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from simulator.management.commands.demo import triage_line
 
-from claims import demo
-from claims.management.commands.demo import triage_line
-from fleet.simulator import scenarios
+from simulator import demo, scenarios
 
 END = datetime(2026, 12, 2, 14, 37, tzinfo=UTC)  # a Wednesday: the anchor is any time, not a Monday
 SHIFT = END - scenarios.MONDAY_09

@@ -11,7 +11,7 @@ from datetime import datetime
 
 import requests
 
-from fleet.simulator import scenarios
+from simulator import scenarios
 from tests.demo.process import demo_running
 from tests.demo.test_make_demo import free_port, still_pending_on_monday, wait_for, workload_of
 

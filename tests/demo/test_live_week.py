@@ -6,10 +6,9 @@ the all-1g pool) get placed once the weekend's long jobs end, and the queue drai
 from datetime import UTC, datetime, timedelta
 from itertools import pairwise
 
-from claims import demo
-from claims.simulation import allocator_schedule
-from fleet.simulator import scenarios
-from fleet.simulator.workloads import Simulation
+from simulator import demo, scenarios
+from simulator.scheduling_allocator import allocator_schedule
+from simulator.workloads import Simulation
 
 END = datetime(2026, 12, 3, 8, 0, tzinfo=UTC)  # a Thursday morning, as the demo may start any time
 SPEED = 60  # the demo's default

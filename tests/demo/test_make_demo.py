@@ -9,8 +9,8 @@ from datetime import UTC, datetime, timedelta
 
 import requests
 
-from fleet.simulator import scenarios
-from fleet.simulator.spec import build_fleet, spec_from_dict
+from simulator import scenarios
+from simulator.spec import build_fleet, spec_from_dict
 from tests.browser.conftest import browser, chromium_path, page, screenshot  # noqa: F401  (fixtures)
 from tests.demo.process import demo_running
 

@@ -15,7 +15,7 @@ from fleet import ingest
 from fleet.kube.kubesource import RESOURCES, KubeSource
 from fleet.kube.reflector import Reflector, StreamConfig
 from fleet.models import Cluster, WatchCursor
-from fleet.simulator import nvidia
+from simulator import nvidia
 from tests.controlplane.kube import ApiError, Kube
 from tests.controlplane.launcher import ControlPlane
 from tests.controlplane.publisher import FleetPublisher

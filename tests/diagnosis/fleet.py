@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from claims.fleetstate import FleetState
-from fleet.simulator import nvidia
+from simulator import nvidia
 
 Obj = dict[str, Any]
 GPU = "device.attributes['gpu.nvidia.com']"

@@ -8,7 +8,7 @@ import pytest
 
 from claims.diagnosis import diagnose, diagnose_name, explain_miss, prepare, split_conjuncts
 from claims.fleetstate import FleetState
-from fleet.simulator import nvidia
+from simulator import nvidia
 from tests.diagnosis.fleet import CAP, GPU, claim, held, node, state
 
 MEM_150 = f"{CAP}.memory.compareTo(quantity('150Gi')) >= 0"

@@ -19,9 +19,10 @@ from claims import tasks
 from claims.diagnosis import diagnose
 from claims.diagnosis_api import ClaimDiagnosisView, WhatIfView
 from claims.fleetstate import FleetState
-from claims.models import ClaimDiagnosis, ResourceClaim
-from dashboard.visibility import grant_all_namespaces
-from fleet.simulator import nvidia
+from claims.models import ClaimDiagnosis
+from fleet.access.visibility import grant_all_namespaces
+from fleet.models import ResourceClaim
+from simulator import nvidia
 from tests.diagnosis.fleet import CAP
 
 pytestmark = pytest.mark.django_db

@@ -10,7 +10,7 @@ import pytest
 import yaml
 from django.core.management import CommandError, call_command
 
-from fleet.simulator import nvidia
+from simulator import nvidia
 from tests.diagnosis.fleet import CAP
 
 FLEET = str(Path(__file__).resolve().parents[1] / "fixtures" / "fleet-small.yaml")

@@ -17,7 +17,7 @@ from django.db import connection
 from claims import fleetstate, tasks
 from claims.diagnosis import diagnose
 from claims.fleetstate import FleetState, decode_json, lean_object, share_values
-from claims.models import ResourceClaim
+from fleet.models import ResourceClaim
 
 FLEET = Path(__file__).resolve().parents[1] / "fixtures" / "fleet-small.yaml"
 
@@ -157,7 +157,7 @@ def test_web_diagnoses_free_their_fleet_without_the_cyclic_collector(
     from claims.diagnosis_api import ClaimDiagnosisView, WhatIfView
     from claims.models import ClaimDiagnosis
     from claims.selectors import diagnosis_page
-    from dashboard.visibility import Visibility, grant_all_namespaces
+    from fleet.access.visibility import Visibility, grant_all_namespaces
 
     user = get_user_model().objects.create_user("oncall", password="x-long-enough-password")
     grant_all_namespaces(user)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from claims.lint import Finding, lint_object
-from fleet.simulator import nvidia
+from simulator import nvidia
 from tests.diagnosis.fleet import CAP, GPU, node, state
 
 FLEET = state(node("a", "H100", gpus=1), node("m", "H100", mode="static-mig", layout="balanced", gpus=1))

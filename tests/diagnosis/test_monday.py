@@ -6,8 +6,8 @@ from collections import Counter
 
 from claims.diagnosis import diagnose
 from claims.fleetstate import FleetState
-from claims.simulation import allocator_schedule
-from fleet.simulator import scenarios
+from simulator import scenarios
+from simulator.scheduling_allocator import allocator_schedule
 
 KINDS = ("ResourceSlice", "DeviceClass", "ResourceClaim", "ResourceClaimTemplate", "Pod", "Node", "Event")
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from fleet.simulator import nvidia
+from simulator import nvidia
 from tests.controlplane.kube import Kube, wait_for
 from tests.controlplane.launcher import ControlPlane
 from tests.controlplane.nodes import for_create

@@ -10,7 +10,7 @@ from typing import Any
 
 from claims.diagnosis import diagnose
 from claims.fleetstate import FleetState, lean_object
-from fleet.simulator import nvidia
+from simulator import nvidia
 from tests.diagnosis.fleet import GPU, claim, held, node, state
 
 Obj = dict[str, Any]

@@ -12,8 +12,8 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 
-from dashboard.visibility import grant_all_namespaces
 from fleet import ingest
+from fleet.access.visibility import grant_all_namespaces
 from fleet.ingest import Change
 from fleet.normalize import normalize
 from fleet.snapshot import by_kind, read_files

@@ -13,10 +13,9 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from claims.models import DeviceAllocation
 from fleet import commit_counter, overview, selectors
 from fleet.filters import FleetFilter
-from fleet.models import Cluster, Device, Node
+from fleet.models import Cluster, Device, DeviceAllocation, Node
 from fleet.views import _clusters
 from tests.fleet_pages.conftest import FIXTURE, FleetEditor
 

@@ -13,8 +13,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from claims.models import ResourceClaim
-from fleet.models import Cluster, Device, WatchCursor
+from fleet.models import Cluster, Device, ResourceClaim, WatchCursor
 from tests.fleet_pages.conftest import FIXTURE, FIXTURE_GPUS
 
 PAGES = ["/fleet/", "/fleet/heatmap/", "/fleet/heatmap.json", "/fleet/mig/"]

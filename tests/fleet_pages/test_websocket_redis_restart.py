@@ -20,8 +20,8 @@ from channels.testing import WebsocketCommunicator
 from django.test import override_settings
 
 from dashboard.asgi import application
-from dashboard.security import LAYER_LOST, LAYER_UNAVAILABLE
 from tests.websockets import ORIGIN, run_async, session_cookie
+from web.sockets import LAYER_LOST, LAYER_UNAVAILABLE
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -10,8 +10,8 @@ import pytest
 from django.contrib.auth import get_user_model
 
 from claims.tasks import recompute_diagnoses
-from dashboard.visibility import grant_all_namespaces
 from fleet import ingest
+from fleet.access.visibility import grant_all_namespaces
 from fleet.importer import INGEST_ORDER
 from fleet.kube.reflector import Reflector, StreamConfig
 from tests.browser.conftest import browser, chromium_path, page  # noqa: F401  (Chromium fixtures)
@@ -30,8 +30,8 @@ def _require_expected_backend(db):
 def monday_simulation():
     """The monday scenario played to Monday 09:00 with the allocator replay as the scheduler (so pending
     claims are exactly the ones the real scheduler would leave pending); read-only afterwards."""
-    from claims.simulation import allocator_schedule
-    from fleet.simulator import scenarios
+    from simulator import scenarios
+    from simulator.scheduling_allocator import allocator_schedule
 
     simulation = scenarios.monday_simulation(0, schedule=allocator_schedule)
     simulation.run(scenarios.MONDAY_09)

@@ -8,9 +8,9 @@ from datetime import datetime
 
 from claims.causes import plain_selector
 from fleet.quantity import parse_quantity
-from fleet.simulator import scenarios
-from fleet.simulator.spec import build_fleet, spec_from_dict
-from fleet.simulator.workloads import Workload, memory_at_least, profile_is
+from simulator import scenarios
+from simulator.spec import build_fleet, spec_from_dict
+from simulator.workloads import Workload, memory_at_least, profile_is
 
 # The engine's category for each kind of broken workload the scenario builds (workloads.broken): a selector
 # reading an attribute no device publishes fails at runtime ("no such key"), 400Gi matches no device.

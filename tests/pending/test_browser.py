@@ -8,10 +8,9 @@ from collections import Counter
 import pytest
 from django.db import connection, connections
 
-from claims.models import ResourceClaim
 from claims.tasks import recompute_diagnoses
 from fleet import ingest
-from fleet.models import Cluster
+from fleet.models import Cluster, ResourceClaim
 from fleet.normalize import normalize
 from tests.browser.conftest import ARTIFACTS, screenshot
 from tests.fleet_pages.server import asgi_server

@@ -9,7 +9,7 @@ from typing import Any
 
 from claims.causes import UNDIAGNOSED, Pending, cause_of, group_causes, plain_selector
 from claims.diagnosis import diagnose
-from fleet.simulator import nvidia
+from simulator import nvidia
 from tests.diagnosis.fleet import CAP, GPU, claim, held, node, state
 
 T0 = datetime(2026, 3, 6, 18, 0, tzinfo=UTC)

@@ -13,11 +13,11 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
-from claims.models import ClaimDiagnosis, NamespaceGrant, ResourceClaim
+from claims.models import ClaimDiagnosis
 from fleet import ingest
-from fleet.models import Cluster
+from fleet.models import Cluster, NamespaceGrant, ResourceClaim
 from fleet.normalize import normalize
-from fleet.simulator import nvidia
+from simulator import nvidia
 from tests.pending.conftest import PASSWORD
 from tests.pending.scenario import BIG_WANT, expected_monday
 

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 
 from fleet import ingest
 from fleet.normalize import normalize
-from fleet.simulator import nvidia
+from simulator import nvidia
 from tests.unit.test_whatif_shapes import CLAIM, TEMPLATE, mutated_claims
 
 URL = "/claims/pending/"

@@ -18,8 +18,8 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 
 from claims import tasks
-from claims.models import NamespaceGrant, Pod, ResourceClaim, SchedulingEvent
 from fleet import ingest
+from fleet.models import NamespaceGrant, Pod, ResourceClaim, SchedulingEvent
 from tests.databases import require_expected_backend
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "fleet-small.yaml"

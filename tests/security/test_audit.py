@@ -10,7 +10,7 @@ from django.contrib.auth import get_user_model
 from django.core.cache import cache
 from django.test import Client
 
-from dashboard.visibility import grant_all_namespaces
+from fleet.access.visibility import grant_all_namespaces
 from fleet.api_tokens import create_token
 from fleet.models import AuditEvent
 

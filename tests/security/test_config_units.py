@@ -7,7 +7,7 @@ import pytest
 from dashboard.env import ConfigError
 from dashboard.oidc import namespaces_from_claim, username_for
 from dashboard.oidc_config import oidc_settings
-from dashboard.visibility import (
+from fleet.access.visibility import (
     HIDDEN_LABEL,
     HIDDEN_REF,
     Visibility,

@@ -20,10 +20,9 @@ from channels.testing import WebsocketCommunicator
 from django.test import Client
 from django.urls import Resolver404, resolve
 
-from claims.models import DeviceAllocation, Pod, ResourceClaim, SchedulingEvent
 from dashboard.api_urls import router
-from dashboard.visibility import HIDDEN_LABEL, Visibility, visibility_for
-from fleet.models import Device, Node
+from fleet.access.visibility import HIDDEN_LABEL, Visibility, visibility_for
+from fleet.models import Device, DeviceAllocation, Node, Pod, ResourceClaim, SchedulingEvent
 from tests.fleet_pages.conftest import FleetEditor
 from tests.security.conftest import CLUSTER, GRANTED, Names
 from tests.websockets import ORIGIN, in_memory_channel_layer, session_cookie

@@ -29,7 +29,7 @@ from django.contrib.auth import get_user_model
 from django.db import connection
 from jwcrypto import jwk
 
-from claims.models import NamespaceGrant
+from fleet.models import NamespaceGrant
 from tests.fleet_pages.server import free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)

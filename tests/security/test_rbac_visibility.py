@@ -19,8 +19,8 @@ from django.core.cache import cache
 from django.core.management import call_command
 from rest_framework.test import APIClient
 
-from claims.models import KubeIdentity, NamespaceGrant, Pod, ResourceClaim, SchedulingEvent
 from fleet import ingest
+from fleet.models import KubeIdentity, NamespaceGrant, Pod, ResourceClaim, SchedulingEvent
 from tests.security.test_oidc import Issuer, claimscope, issuer, sso_login  # noqa: F401  (issuer: a fixture)
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "fleet-small.yaml"

@@ -13,11 +13,11 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
 
-from claims.models import NamespaceGrant
-from dashboard.visibility import HIDDEN_REF, Visibility, redact_diagnosis, redact_text
 from fleet import ingest
+from fleet.access.visibility import HIDDEN_REF, Visibility, redact_diagnosis, redact_text
+from fleet.models import NamespaceGrant
 from fleet.normalize import normalize
-from fleet.simulator import nvidia
+from simulator import nvidia
 
 CLUSTER = "sim"
 SECRET = "SECRET-PAYROLL-INFO"

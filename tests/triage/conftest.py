@@ -47,7 +47,7 @@ def monday(django_db_setup, django_db_blocker):
         users = get_user_model().objects
         users.create_superuser("oncall", password=PASSWORD)
         dev = users.create_user("inference-dev", password=PASSWORD)
-        from claims.models import NamespaceGrant
+        from fleet.models import NamespaceGrant
 
         NamespaceGrant.objects.create(user=dev, cluster=cluster, namespace="inference")
         yield cluster

@@ -1,5 +1,5 @@
-"""The monday scenario's replay lives in the product (claims.replay: the demo uses it); re-exported here."""
+"""The monday scenario's replay lives in the simulator app (the demo uses it); re-exported here."""
 
-from claims.replay import CLUSTER, ClockedCluster, Played, play, replay
+from simulator.replay import CLUSTER, ClockedCluster, Played, play, replay
 
 __all__ = ["CLUSTER", "ClockedCluster", "Played", "play", "replay"]

@@ -24,9 +24,9 @@ from claims.models import ClaimLifecycle, ClaimStateChange, PendingCause
 from claims.triage import default_window, parse_when
 from fleet import ingest
 from fleet.normalize import normalize
-from fleet.simulator import nvidia as nv
-from fleet.simulator import scenarios
-from fleet.simulator.workloads import ts
+from simulator import nvidia as nv
+from simulator import scenarios
+from simulator.workloads import ts
 from tests.browser.conftest import screenshot
 from tests.fleet_pages.server import asgi_server
 from tests.triage.conftest import PASSWORD, played

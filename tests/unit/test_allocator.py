@@ -5,7 +5,7 @@ import copy
 import pytest
 
 from claims.allocator import Features, FleetSnapshot, allocate, schedule_pod
-from fleet.simulator import nvidia as nv
+from simulator import nvidia as nv
 
 DRIVER = "dra.example.com"
 

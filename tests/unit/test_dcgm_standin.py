@@ -7,8 +7,8 @@ from datetime import UTC, datetime
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from fleet.simulator import dcgm
-from fleet.simulator import nvidia as nv
+from simulator import dcgm
+from simulator import nvidia as nv
 
 AT = datetime(2026, 3, 9, 9, 0, tzinfo=UTC)
 

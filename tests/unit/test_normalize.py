@@ -15,7 +15,7 @@ from fleet.normalize import (
     normalize_claim,
     normalize_slice,
 )
-from fleet.simulator import nvidia
+from simulator import nvidia
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from fleet.simulator import nvidia as nv
+from simulator import nvidia as nv
 from tests.fixtures import build_fixtures
 
 FIXTURES = Path(build_fixtures.__file__).resolve().parent

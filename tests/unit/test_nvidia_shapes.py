@@ -1,4 +1,4 @@
-"""Shape checks for fleet.simulator.nvidia: the objects must be what the API server would accept and what the
+"""Shape checks for simulator.nvidia: the objects must be what the API server would accept and what the
 NVIDIA driver publishes (names, limits, counter references, MIG catalog arithmetic)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from fleet.simulator import nvidia as nv
+from simulator import nvidia as nv
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 MIG_NAME = re.compile(r"^gpu-(\d+)-mig-([a-z0-9-]+)-(\d+)-(\d+)$")

@@ -11,14 +11,14 @@ from typing import Any
 import pytest
 import yaml
 
-from claims.simulation import allocator_schedule
-from fleet.simulator import nvidia as nv
-from fleet.simulator.cluster import SimulatedCluster
-from fleet.simulator.naive_schedule import naive_schedule
-from fleet.simulator.scenarios import monday
-from fleet.simulator.scheduling import Decision, Schedule
-from fleet.simulator.spec import build_fleet, load_spec, preset, spec_from_dict
-from fleet.simulator.workloads import Simulation, product_is, random_workloads, training
+from simulator import nvidia as nv
+from simulator.cluster import SimulatedCluster
+from simulator.naive_schedule import naive_schedule
+from simulator.scenarios import monday
+from simulator.scheduling import Decision, Schedule
+from simulator.scheduling_allocator import allocator_schedule
+from simulator.spec import build_fleet, load_spec, preset, spec_from_dict
+from simulator.workloads import Simulation, product_is, random_workloads, training
 
 Obj = dict[str, Any]
 

@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 import urllib3
 
-from fleet.simulator import nvidia
-from fleet.simulator.apiserver import SimulatorAPIServer
-from fleet.simulator.cluster import SimulatedCluster
+from simulator import nvidia
+from simulator.apiserver import SimulatorAPIServer
+from simulator.cluster import SimulatedCluster
 
 TOKEN = "t0ken-for-tests"
 

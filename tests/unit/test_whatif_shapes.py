@@ -18,7 +18,7 @@ from claims.diagnosis import diagnose
 from claims.fleetstate import FleetState
 from claims.lint import lint_object
 from fleet.normalize import NormalizeError, check_claim_object, clean_pasted_claim
-from fleet.simulator import nvidia
+from simulator import nvidia
 
 MEMORY = "device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('40Gi')) >= 0"
 

@@ -10,8 +10,8 @@ import pytest
 from fleet import ingest
 from fleet.importer import import_objects
 from fleet.models import Cluster
-from fleet.simulator import dcgm
-from fleet.simulator.workloads import Simulation
+from simulator import dcgm
+from simulator.workloads import Simulation
 from tests.browser.conftest import browser, chromium_path, page  # noqa: F401  (the browser fixtures)
 from tests.databases import require_expected_backend
 from tests.usage import prom, scenario

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from fleet.simulator.cluster import SimulatedCluster
-from fleet.simulator.naive_schedule import naive_schedule
-from fleet.simulator.spec import build_fleet, spec_from_dict
-from fleet.simulator.workloads import Simulation, mig_exact, product_is, training
+from simulator.cluster import SimulatedCluster
+from simulator.naive_schedule import naive_schedule
+from simulator.spec import build_fleet, spec_from_dict
+from simulator.workloads import Simulation, mig_exact, product_is, training
 
 START = datetime(2026, 3, 9, 8, 0, tzinfo=UTC)
 FLEET = {
@@ -40,6 +40,6 @@ def simulation() -> Simulation:
 
 def grouped(cluster: SimulatedCluster) -> dict[str, list[dict]]:
     """Every object of the simulated cluster by kind, as ``fleet.importer.import_objects`` takes them."""
-    from fleet.simulator.cluster import KINDS
+    from simulator.cluster import KINDS
 
     return {kind: list(cluster.objects(kind)) for kind in KINDS}

@@ -9,8 +9,8 @@ from django.contrib.auth import get_user_model
 from django.db import connections
 from django.utils import timezone
 
-from dashboard.visibility import grant_all_namespaces
-from fleet.simulator import dcgm
+from fleet.access.visibility import grant_all_namespaces
+from simulator import dcgm
 from tests.browser.conftest import screenshot
 from tests.fleet_pages.server import asgi_server
 from usage.ingest import Thresholds

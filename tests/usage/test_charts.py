@@ -7,7 +7,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.db import connections
 
-from dashboard.visibility import grant_all_namespaces
+from fleet.access.visibility import grant_all_namespaces
 from tests.fleet_pages.server import asgi_server
 from tests.usage import prom
 from tests.usage.conftest import CLUSTER
@@ -51,7 +51,7 @@ def test_a_gpu_chart_has_its_activity_and_memory_with_gaps_as_none(cluster, scra
 
 
 def _notebook(cluster) -> str:
-    from claims.models import ResourceClaim
+    from fleet.models import ResourceClaim
 
     return ResourceClaim.objects.get(cluster=cluster, name__startswith="notebook-x").name
 

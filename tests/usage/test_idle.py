@@ -15,9 +15,9 @@ from django.core.management import CommandError, call_command
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from claims.models import NamespaceGrant
-from dashboard.visibility import grant_all_namespaces
-from fleet.simulator import dcgm
+from fleet.access.visibility import grant_all_namespaces
+from fleet.models import NamespaceGrant
+from simulator import dcgm
 from usage import ingest
 from usage.ingest import Thresholds
 from usage.sampler import sample_cluster

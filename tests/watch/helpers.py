@@ -13,7 +13,7 @@ from django.core.management import call_command
 
 from fleet import ingest
 from fleet.models import Cluster
-from fleet.simulator import nvidia
+from simulator import nvidia
 from tests.controlplane.kube import Kube, Obj, wait_for
 from tests.controlplane.launcher import ControlPlane
 from tests.controlplane.nodes import for_create

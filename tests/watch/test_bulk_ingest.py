@@ -13,7 +13,7 @@ from fleet import ingest
 from fleet.kube import reflector
 from fleet.models import Device, Node
 from fleet.normalize import normalize
-from fleet.simulator import nvidia
+from simulator import nvidia
 from tests.db.test_ingest import node, slice_record
 
 N = ingest.COPY_ROWS + 500

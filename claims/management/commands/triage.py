@@ -14,7 +14,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from claims.triage import SECTIONS, WindowError, as_text, section_rows
 from claims.triage_selectors import UnknownCluster, report
-from dashboard.renderers import CSVRenderer, dumps
+from web.renderers import CSVRenderer, dumps
 
 
 class Command(BaseCommand):

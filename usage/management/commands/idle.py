@@ -6,8 +6,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from dashboard.renderers import CSVRenderer, dumps
 from usage.report import SECTIONS, WindowError, idle_report, section_rows, text
+from web.renderers import CSVRenderer, dumps
 
 
 class Command(BaseCommand):

@@ -25,7 +25,7 @@ from urllib.parse import parse_qs, urlparse
 
 import orjson
 
-from fleet.simulator.cluster import SimulatedCluster
+from simulator.cluster import SimulatedCluster
 
 log = logging.getLogger(__name__)
 Obj = dict[str, Any]

@@ -2,7 +2,7 @@
 
 The simulator plays the ``monday`` scenario (Friday evening to Monday 09:00) with the allocator replay as
 its scheduler, anchored so that its Monday 09:00 is the demo's start: the weekend just ended. The weekend is
-replayed into the database at its simulated times (claims.replay: claim history, pending causes and
+replayed into the database at its simulated times (simulator.replay: claim history, pending causes and
 allocation samples of the weekend, so the pending page and the triage report have something to say at
 once). Then it keeps running live: random workloads arrive and finish at ``speed`` simulated seconds per real
 second, and reflector threads, resuming from the replayed state, mirror it into the database exactly as
@@ -23,14 +23,13 @@ from django.conf import settings
 from django.db import close_old_connections, connection
 from django.utils import timezone
 
-from claims import replay
-from claims.simulation import allocator_schedule
 from fleet import ingest
 from fleet.kube.reflector import Reflector, StreamConfig
 from fleet.normalize import KINDS
-from fleet.simulator import scenarios
-from fleet.simulator.spec import build_fleet, spec_from_dict
-from fleet.simulator.workloads import Simulation, random_workloads
+from simulator import replay, scenarios
+from simulator.scheduling_allocator import allocator_schedule
+from simulator.spec import build_fleet, spec_from_dict
+from simulator.workloads import Simulation, random_workloads
 
 log = logging.getLogger(__name__)
 CLUSTER_NAME = "demo"
@@ -129,7 +128,7 @@ def churn(simulation: Simulation, stop: threading.Event, speed: float, tick: flo
 def sample_usage(simulation: Simulation, stop: threading.Event, every: float = 10.0) -> None:
     """Sample the simulated GPUs' utilization every ``every`` seconds, from the dcgm-exporter stand-in in
     process: the demo has no Prometheus, but the same sampler, join and tables as production."""
-    from fleet.simulator import dcgm
+    from simulator import dcgm
     from usage.sampler import sample_cluster
     from usage.tasks import thresholds
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from claims.allocator import FleetSnapshot, schedule_pod
 from claims.cel import CelRuntimeError, DeviceView, device_view
-from fleet.simulator.scheduling import ClusterState, Decision, Obj
+from simulator.scheduling import ClusterState, Decision, Obj
 
 SCHEDULER_ERROR_PREFIX = 'running "DynamicResources" filter plugin: '
 _MAX_VIEWS = 500_000

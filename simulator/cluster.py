@@ -20,7 +20,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from fleet.kube.source import Gone, Source
-from fleet.simulator.scheduling import DeviceKey
+from simulator.scheduling import DeviceKey
 
 Obj = dict[str, Any]
 ObjList = list[Obj]  # module-level alias: inside the class `list` is the method

@@ -30,7 +30,7 @@ from datetime import UTC, datetime
 from typing import Any
 from wsgiref.simple_server import WSGIServer
 
-from fleet.simulator import nvidia as nv
+from simulator import nvidia as nv
 
 Obj = dict[str, Any]
 

@@ -13,20 +13,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from fleet.simulator import nvidia as nv
-from fleet.simulator.cluster import SimulatedCluster
-from fleet.simulator.naive_schedule import naive_schedule
-from fleet.simulator.scheduling import Schedule
-from fleet.simulator.spec import FleetSpec, build_fleet, spec_from_dict
-from fleet.simulator.workloads import (
-    Simulation,
-    Workload,
-    broken,
-    memory_at_least,
-    mig_exact,
-    product_is,
-    training,
-)
+from simulator import nvidia as nv
+from simulator.cluster import SimulatedCluster
+from simulator.naive_schedule import naive_schedule
+from simulator.scheduling import Schedule
+from simulator.spec import FleetSpec, build_fleet, spec_from_dict
+from simulator.workloads import Simulation, Workload, broken, memory_at_least, mig_exact, product_is, training
 
 Obj = dict[str, Any]
 

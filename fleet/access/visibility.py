@@ -1,7 +1,7 @@
 """Namespace-scoped visibility: which claims, pods and events a user may see.
 
-Secure by default: superusers and holders of the ``claims.view_all_namespaces`` permission see every
-namespace; every other user sees only the namespaces granted to them (``claims.NamespaceGrant`` rows, edited
+Secure by default: superusers and holders of the ``fleet.view_all_namespaces`` permission see every
+namespace; every other user sees only the namespaces granted to them (``fleet.NamespaceGrant`` rows, edited
 in the admin; a grant without a cluster covers that namespace in every cluster). A user with no grant sees
 no claim, pod or event at all.
 
@@ -24,14 +24,14 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-from django.apps import apps
 from django.conf import settings
 from django.db.models import Q
 
+from fleet.models import Cluster, KubeIdentity, NamespaceGrant
 from fleet.selectors import DeviceKey, Holder
 
 ALL_CLUSTERS = "*"
-VIEW_ALL_PERMISSION = "claims.view_all_namespaces"
+VIEW_ALL_PERMISSION = "fleet.view_all_namespaces"
 HIDDEN_LABEL = "allocated — another namespace"
 HIDDEN_REF = "a claim in another namespace"
 _CACHE_ATTR = "_claimscope_visibility"
@@ -104,7 +104,7 @@ def visibility_for(user: Any) -> Visibility:
         vis = _from_kubernetes(user)
     else:
         # Through the app registry: fleet modules import this one, and fleet never imports claims.
-        grant = apps.get_model("claims", "NamespaceGrant")
+        grant = NamespaceGrant
         pairs = grant.objects.filter(user_id=user.pk).values_list("cluster__name", "namespace")
         vis = Visibility(
             False, frozenset((cluster or ALL_CLUSTERS, namespace) for cluster, namespace in pairs)
@@ -115,19 +115,19 @@ def visibility_for(user: Any) -> Visibility:
 
 
 def _from_kubernetes(user: Any) -> Visibility:
-    """RBAC-decided namespaces in the clusters sharing the SSO identity (dashboard.kube_rbac); namespace
+    """RBAC-decided namespaces in the clusters sharing the SSO identity (fleet.access.kube_rbac); namespace
     grants in the others (a grant for every cluster covers only those)."""
-    from dashboard import kube_rbac
+    from fleet.access import kube_rbac
 
     rbac = kube_rbac.rbac_clusters()
-    others = set(apps.get_model("fleet", "Cluster").objects.values_list("name", flat=True)) - rbac
+    others = set(Cluster.objects.values_list("name", flat=True)) - rbac
     pairs: set[tuple[str, str]] = set()
-    grant = apps.get_model("claims", "NamespaceGrant")
+    grant = NamespaceGrant
     for cluster, namespace in grant.objects.filter(user_id=user.pk).values_list("cluster__name", "namespace"):
         names = others if cluster is None else ({cluster} & others)
         pairs.update((name, namespace) for name in names)
     whole: set[str] = set()
-    identity = apps.get_model("claims", "KubeIdentity").objects.filter(user_id=user.pk).first()
+    identity = KubeIdentity.objects.filter(user_id=user.pk).first()
     if identity is not None:
         for cluster in sorted(rbac):
             namespaces = kube_rbac.visible_namespaces(cluster, identity.username, list(identity.groups))
@@ -144,7 +144,7 @@ def forget(user: Any) -> None:
 
 
 def grant_all_namespaces(user: Any) -> None:
-    """Give ``user`` the ``claims.view_all_namespaces`` permission: the demo user (``demo_login``) and the
+    """Give ``user`` the ``fleet.view_all_namespaces`` permission: the demo user (``demo_login``) and the
     test users of the suites that are not about visibility. Precondition: migrations ran (the permission
     row exists)."""
     from django.contrib.auth.models import Permission

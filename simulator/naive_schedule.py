@@ -25,8 +25,8 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from fleet.simulator import nvidia as nv
-from fleet.simulator.scheduling import ClusterState, Decision, DeviceKey
+from simulator import nvidia as nv
+from simulator.scheduling import ClusterState, Decision, DeviceKey
 
 Obj = dict[str, Any]
 

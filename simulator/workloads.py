@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from fleet.simulator import nvidia as nv
-from fleet.simulator.cluster import SimulatedCluster
-from fleet.simulator.scheduling import Decision, Schedule
-from fleet.simulator.spec import Fleet
+from simulator import nvidia as nv
+from simulator.cluster import SimulatedCluster
+from simulator.scheduling import Decision, Schedule
+from simulator.spec import Fleet
 
 Obj = dict[str, Any]
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from fleet.simulator import nvidia as nv
+from simulator import nvidia as nv
 
 Obj = dict[str, Any]
 

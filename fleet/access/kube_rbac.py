@@ -1,7 +1,7 @@
 """Visibility from Kubernetes RBAC (``CLAIMSCOPE_VISIBILITY=kubernetes``).
 
 In a cluster that shares the single-sign-on identity (its API server accepts the same OIDC tokens), a user
-may see the namespaces where that cluster's own RBAC lets the user's identity (``claims.KubeIdentity``:
+may see the namespaces where that cluster's own RBAC lets the user's identity (``fleet.KubeIdentity``:
 username and groups, as the API server would derive them) ``list resourceclaims``. claimscope asks the
 cluster with a SubjectAccessReview through its own credentials, which need ``create
 subjectaccessreviews`` and nothing more: once cluster-wide (namespace ""), then per namespace claimscope
@@ -10,7 +10,7 @@ so a removed RoleBinding hides its namespace within that time. An unreachable cl
 failure is logged), never everything.
 
 Clusters listed in ``CLAIMSCOPE_RBAC_CLUSTERS`` (default: every configured one) use RBAC; the others keep
-namespace grants (``claims.NamespaceGrant``).
+namespace grants (``fleet.NamespaceGrant``).
 """
 
 from __future__ import annotations
@@ -18,15 +18,15 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
-from django.apps import apps
 from django.conf import settings
 from django.core.cache import cache
 
 from fleet import clusters
 from fleet.kube.kubesource import KubeSource
 from fleet.kube.source import SourceError
+from fleet.models import Pod, ResourceClaim, SchedulingEvent
 
 log = logging.getLogger("claimscope.security")
 
@@ -72,12 +72,25 @@ def allowed(source: KubeSource, username: str, groups: Iterable[str], namespace:
     return bool(source.post(REVIEWS, review).get("status", {}).get("allowed"))
 
 
+# Other apps' namespaced tables (the claims history keeps namespaces of deleted claims), added at app load:
+# the mirror asks them without importing them.
+NAMESPACE_SOURCES: list[Callable[[str], Iterable[str]]] = []
+
+
+def add_namespace_source(source: Callable[[str], Iterable[str]]) -> None:
+    """Also offer the namespaces ``source(cluster name)`` returns to the RBAC question."""
+    if source not in NAMESPACE_SOURCES:
+        NAMESPACE_SOURCES.append(source)
+
+
 def known_namespaces(cluster: str) -> set[str]:
     """The namespaces of a cluster claimscope holds anything namespaced of."""
     out: set[str] = set()
-    for model in ("ResourceClaim", "Pod", "SchedulingEvent", "ClaimLifecycle"):
-        rows = apps.get_model("claims", model).objects.filter(cluster__name=cluster)
+    for model in (ResourceClaim, Pod, SchedulingEvent):
+        rows = model.objects.filter(cluster__name=cluster)
         out.update(rows.values_list("namespace", flat=True).distinct())
+    for source in NAMESPACE_SOURCES:
+        out.update(source(cluster))
     return out
 
 

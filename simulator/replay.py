@@ -21,15 +21,15 @@ from typing import Any
 
 from django.db import transaction
 
-from claims.simulation import allocator_schedule
 from claims.tasks import recompute_diagnoses
 from fleet import ingest
 from fleet.models import Cluster
 from fleet.normalize import KINDS, is_stored, normalize
-from fleet.simulator import scenarios
-from fleet.simulator.cluster import SimulatedCluster
-from fleet.simulator.workloads import Simulation
 from fleet.tasks_history import sample_allocation
+from simulator import scenarios
+from simulator.cluster import SimulatedCluster
+from simulator.scheduling_allocator import allocator_schedule
+from simulator.workloads import Simulation
 
 Obj = dict[str, Any]
 CLUSTER = "monday"

@@ -12,9 +12,8 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from claims import demo
-from fleet.simulator import dcgm
-from fleet.simulator.apiserver import SimulatorAPIServer
+from simulator import dcgm, demo
+from simulator.apiserver import SimulatorAPIServer
 
 
 class Command(BaseCommand):

@@ -1,11 +1,16 @@
-"""How the claim kinds are stored: registered with ``fleet.ingest`` when the claims app loads."""
+"""How the namespaced kinds (claims, templates, pods, events) are stored: registered with ``fleet.ingest``
+when the fleet app loads. The analysis hooks claim batches (``claims.history``): :func:`set_claim_hooks`."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import replace
+from datetime import datetime
 from typing import Any
 
-from claims import history
-from claims.models import (
+from fleet.ingest import SPECS, ChildSpec, TableSpec, register
+from fleet.models import (
+    Cluster,
     DeviceAllocation,
     Pod,
     PodClaimUse,
@@ -13,7 +18,6 @@ from claims.models import (
     ResourceClaimTemplate,
     SchedulingEvent,
 )
-from fleet.ingest import ChildSpec, TableSpec, register
 from fleet.normalize import ClaimRecord, EventRecord, PodRecord, TemplateRecord
 
 NAMESPACED = ("namespace", "name")
@@ -107,9 +111,6 @@ def register_all() -> None:
                     conflict=("claim_uid", "request", "driver", "pool", "device_name", "share_id"),
                 ),
             ),
-            # Every state change of a claim, recorded in the batch's transaction (claims.history).
-            on_written=history.record_written,
-            on_deleted=history.record_deleted,
         ),
     )
     register("ResourceClaimTemplate", TableSpec(ResourceClaimTemplate, NAMESPACED, _template_row))
@@ -132,3 +133,12 @@ def register_all() -> None:
         ),
     )
     register("Event", TableSpec(SchedulingEvent, NAMESPACED, _event_row))
+
+
+def set_claim_hooks(
+    on_written: Callable[[Cluster, list[Any], datetime], None],
+    on_deleted: Callable[[Cluster, list[tuple[str, datetime | None]], datetime], None],
+) -> None:
+    """Call ``on_written``/``on_deleted`` in every claim batch's transaction (see ``TableSpec``): the analysis
+    records each state change of a claim without the mirror importing it."""
+    register("ResourceClaim", replace(SPECS["ResourceClaim"], on_written=on_written, on_deleted=on_deleted))

@@ -20,8 +20,8 @@ log = logging.getLogger("claimscope.audit")
 
 def record(action: str, username: str, request: HttpRequest | None = None, **detail: Any) -> None:
     """Store and log one event. Never raises: an audit write must not turn a login into a 500."""
-    from dashboard.security import client_ip
     from fleet.models import AuditEvent
+    from web.clients import client_ip
 
     ip = client_ip(request)
     text = " ".join(f"{k}={v!r}" for k, v in sorted(detail.items()))

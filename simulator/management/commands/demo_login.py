@@ -11,7 +11,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 
-from dashboard.visibility import grant_all_namespaces
+from fleet.access.visibility import grant_all_namespaces
 
 DEMO_USER = "demo"
 
