@@ -31,6 +31,8 @@ from django.db import transaction
 from django.http import HttpRequest
 from mozilla_django_oidc.auth import OIDCAuthenticationBackend
 
+from fleet.access.grants import sync_grants, sync_kube_identity
+
 log = logging.getLogger("claimscope.security")
 
 USERNAME_PREFIX = "oidc-"
@@ -118,40 +120,3 @@ class ClaimscopeOIDCBackend(OIDCAuthenticationBackend):
             sync_grants(user, namespaces_from_claim(claims.get(claim)))
         sync_kube_identity(user, claims)
         return user
-
-
-def sync_grants(user: Any, pairs: list[tuple[str | None, str]]) -> None:
-    """Make ``user``'s namespace grants exactly ``pairs`` (clusters named but unknown are skipped)."""
-    from fleet.models import Cluster, NamespaceGrant
-
-    clusters = dict(Cluster.objects.values_list("name", "id"))
-    wanted = {(clusters[c] if c else None, ns) for c, ns in pairs if c is None or c in clusters}
-    with transaction.atomic():
-        current = {(g.cluster_id, g.namespace): g for g in NamespaceGrant.objects.filter(user=user)}
-        for key, grant in current.items():
-            if key not in wanted:
-                grant.delete()
-        for cluster_id, namespace in wanted - set(current):
-            NamespaceGrant.objects.create(user=user, cluster_id=cluster_id, namespace=namespace)
-
-
-def sync_kube_identity(user: Any, claims: Mapping[str, Any]) -> None:
-    """Store the username and groups a cluster's API server derives from this user's OIDC token (its
-    ``--oidc-username-claim``/``-prefix`` and ``--oidc-groups-claim``/``-prefix``, mirrored by the
-    ``CLAIMSCOPE_RBAC_*`` settings): RBAC visibility asks the clusters about this identity."""
-    from fleet.models import KubeIdentity
-
-    username = str(claims.get(settings.CLAIMSCOPE_RBAC_USERNAME_CLAIM) or "")
-    raw_groups = claims.get(settings.CLAIMSCOPE_RBAC_GROUPS_CLAIM) or []
-    groups = [raw_groups] if isinstance(raw_groups, str) else [str(g) for g in raw_groups if g]
-    if not username:
-        KubeIdentity.objects.filter(user=user).delete()
-        return
-    prefix = settings.CLAIMSCOPE_RBAC_GROUPS_PREFIX
-    KubeIdentity.objects.update_or_create(
-        user=user,
-        defaults={
-            "username": (settings.CLAIMSCOPE_RBAC_USERNAME_PREFIX + username)[:253],
-            "groups": sorted(prefix + g for g in groups),
-        },
-    )

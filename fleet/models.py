@@ -1,6 +1,8 @@
-"""The fleet as Kubernetes publishes it: clusters, nodes, device classes, ResourceSlices and their devices.
+"""The fleet as Kubernetes publishes it: clusters, nodes, device classes, ResourceSlices and their devices,
+claims and their allocations, pods and events; with the tables that serve it (watch cursors, allocation
+history, API tokens, audit, who may see which namespaces).
 
-Only ``fleet.ingest`` writes these tables (and ``WatchCursor`` through the watchers' ingest calls). Every
+Only ``fleet.ingest`` writes the mirrored tables; every other model names its one writer. Every
 Kubernetes object is keyed by (cluster, uid) and by its natural key, and keeps its resourceVersion (an
 integer of up to 128 bits: comparable from Kubernetes 1.35 on) and its raw JSON (without managedFields).
 """
@@ -158,7 +160,10 @@ class Device(models.Model):
 
 
 class WatchCursor(models.Model):
-    """Where one (cluster, kind) stream stands: its resourceVersion, state, last event and last error."""
+    """Where one (cluster, kind) stream stands: its resourceVersion, state, last event and last error.
+
+    Written by the stream's reflector (``fleet.kube.reflector``: state, errors, lease) and by the ingest calls
+    it makes (``fleet.ingest``: resourceVersion and last event, in the batch's transaction)."""
 
     STATES = [
         ("idle", "idle"),
@@ -205,7 +210,7 @@ class AllocationSample(models.Model):
 
     ``profile`` is empty for a model's physical GPUs, counted in compute slices (partition-aware, 7 per GPU);
     a MIG profile's row counts its devices. ``resolution`` is "minute" for raw samples (kept 30 days) and
-    "hour" for their hourly averages (kept a year); see ``fleet.tasks_history``.
+    "hour" for their hourly averages (kept a year). Written by ``fleet.tasks_history`` only.
     """
 
     RESOLUTIONS = [("minute", "minute"), ("hour", "hour")]
@@ -448,7 +453,8 @@ class NamespaceGrant(models.Model):
     """Lets a user see the claims, pods and events of one namespace (``fleet.access.visibility``).
 
     ``cluster`` null means the namespace of that name in every cluster. Users see no namespace unless granted
-    one here, or given the ``fleet.view_all_namespaces`` permission, or are superusers. Edited in the admin.
+    one here, or given the ``fleet.view_all_namespaces`` permission, or are superusers. Written by
+    ``fleet.access.grants`` (single sign-on) and edited in the admin.
     """
 
     user = models.ForeignKey(
@@ -484,7 +490,7 @@ class KubeIdentity(models.Model):
     """The Kubernetes identity of a single-sign-on user: the username and groups the clusters' API servers
     give the same OIDC token (``CLAIMSCOPE_RBAC_*`` claims and prefixes). In ``CLAIMSCOPE_VISIBILITY=
     kubernetes`` the clusters' RBAC is asked what this identity may list (``fleet.access.kube_rbac``).
-    Written at each OIDC login by ``dashboard.oidc``."""
+    Written at each OIDC login by ``fleet.access.grants``."""
 
     user = models.OneToOneField(
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="kube_identity"

@@ -282,27 +282,23 @@ def device_detail(request: HttpRequest, cluster: str) -> HttpResponse:
 
 
 def claim_detail(request: HttpRequest, cluster: str, namespace: str, name: str) -> HttpResponse:
-    # fleet never imports claims: read its models through the app registry.
-    claim_model = ResourceClaim
-    allocation_model = DeviceAllocation
-    pod_model = Pod
-    pod_use_model = PodClaimUse
-    event_model = SchedulingEvent
     c = get_object_or_404(Cluster, name=cluster)
     # A claim in a namespace the user may not see is a 404, like a missing one: existence is not confirmed.
     if not visibility_for(request.user).allows(c.name, namespace):
         raise Http404("no such claim")
-    claim = get_object_or_404(claim_model, cluster=c, namespace=namespace, name=name)
-    allocations = list(allocation_model.objects.filter(cluster=c, claim_uid=claim.uid).order_by("request"))
+    claim = get_object_or_404(ResourceClaim, cluster=c, namespace=namespace, name=name)
+    allocations = list(DeviceAllocation.objects.filter(cluster=c, claim_uid=claim.uid).order_by("request"))
     devices = {
         (d.driver, d.pool, d.name): d
         for d in Device.objects.filter(cluster=c, pool__in={a.pool for a in allocations})
     }
-    uses = pod_use_model.objects.filter(cluster=c, namespace=namespace, claim_name=name)
-    pods = list(pod_model.objects.filter(cluster=c, namespace=namespace, uid__in=uses.values("pod_uid")))
+    uses = PodClaimUse.objects.filter(cluster=c, namespace=namespace, claim_name=name)
+    pods = list(Pod.objects.filter(cluster=c, namespace=namespace, uid__in=uses.values("pod_uid")))
     consumer_uids = [str(r.get("uid", "")) for r in claim.reserved_for if isinstance(r, dict)]
     uids = [claim.uid, *(p.uid for p in pods), *consumer_uids]
-    events = event_model.objects.filter(visibility_for(request.user).q(), cluster=c, involved_uid__in=uids)
+    events = SchedulingEvent.objects.filter(
+        visibility_for(request.user).q(), cluster=c, involved_uid__in=uids
+    )
     events = events.order_by("-last_at")[:50]
     context = {
         "cluster": c,

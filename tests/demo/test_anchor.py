@@ -3,9 +3,9 @@
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from simulator.management.commands.demo import triage_line
 
 from simulator import demo, scenarios
+from simulator.management.commands.demo import triage_line
 
 END = datetime(2026, 12, 2, 14, 37, tzinfo=UTC)  # a Wednesday: the anchor is any time, not a Monday
 SHIFT = END - scenarios.MONDAY_09

@@ -223,7 +223,7 @@ def test_an_unreachable_cluster_shows_nothing(rbac_fleet, monkeypatch, tmp_path,
 
 
 def test_the_oidc_login_stores_the_identity_the_cluster_would_derive(settings):
-    from dashboard.oidc import sync_kube_identity
+    from fleet.access.grants import sync_kube_identity
 
     settings.CLAIMSCOPE_RBAC_USERNAME_CLAIM = "email"
     settings.CLAIMSCOPE_RBAC_USERNAME_PREFIX = "oidc:"

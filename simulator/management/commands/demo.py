@@ -5,11 +5,11 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from simulator.management.commands.demo_login import DEMO_USER, ensure_demo_user
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from simulator import demo
+from simulator.management.commands.demo_login import DEMO_USER, ensure_demo_user
 
 
 class Command(BaseCommand):
