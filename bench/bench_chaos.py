@@ -217,7 +217,8 @@ class Bench:
                 self.args.preset,
             ],
         )
-        while not (self.run_dir / "kubeconfig").exists():
+        # sim.json is written after the kubeconfig: wait for the last file the simulator writes.
+        while not (self.run_dir / "sim.json").exists():
             if sim.popen.poll() is not None:
                 raise SystemExit(f"the simulator exited: {sim.log.read_text()[-2000:]}")
             time.sleep(0.5)

@@ -531,6 +531,12 @@ def main() -> int:
     )
     parser.add_argument("--rate", type=float, default=500.0, help="watch events per second during churn")
     parser.add_argument("--seconds", type=float, default=120.0, help="churn duration")
+    parser.add_argument(
+        "--preset",
+        default="L",
+        choices=("L", "XL"),
+        help="simulated fleet (--source simulator): L 5,000 nodes / 40,000 claims, XL 15,000 nodes / 120,000",
+    )
     parser.add_argument("--users", type=int, default=20)
     parser.add_argument("--load-seconds", type=int, default=60)
     parser.add_argument("--dir", default=str(ROOT / ".run" / "e2e"))
@@ -602,7 +608,16 @@ def main() -> int:
         else:
             say("starting the simulator (L fleet)")
             topo.spawn(
-                "simulator", [str(VENV / "python"), "-m", "bench.e2e.simserver", "--dir", str(run_dir)]
+                "simulator",
+                [
+                    str(VENV / "python"),
+                    "-m",
+                    "bench.e2e.simserver",
+                    "--dir",
+                    str(run_dir),
+                    "--preset",
+                    args.preset,
+                ],
             )
         wait_for_source(topo, run_dir / "sim.json", 1800)
         sim = json.loads((run_dir / "sim.json").read_text())

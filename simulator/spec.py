@@ -96,7 +96,8 @@ def load_spec(path: str | Path) -> FleetSpec:
 
 
 def preset(name: str, seed: int = 0) -> FleetSpec:
-    """One of "small" (6 nodes), "medium" (200 nodes), "L" (5,000 nodes x 8 GPUs = 40,000 GPUs)."""
+    """One of "small" (6 nodes), "medium" (200 nodes), "L" (5,000 nodes x 8 GPUs = 40,000 GPUs), "XL" (15,000
+    nodes, 120,000 GPUs, ~1.06M devices: 30 % of the GPUs in dynamic-MIG mode publish 26 devices each)."""
     if name not in PRESETS:
         raise KeyError(f"unknown preset {name!r}; choose from {sorted(PRESETS)}")
     return spec_from_dict({**PRESETS[name], "seed": seed})
@@ -119,6 +120,17 @@ _MIX: list[tuple[Obj, float]] = [
     ({"name": "h200-mig", "model": "H200", "mode": "static-mig", "layout": "random"}, 0.08),
 ]
 
+# The XL fleet: a 15,000-node fleet where dynamic MIG dominates the device count (36,000 GPUs x 26 partitions
+# = 936,000 of ~1.06M devices), as on a fleet that repartitions on demand.
+_XL_MIX: list[tuple[Obj, float]] = [
+    ({"name": "b200", "model": "B200", "clique_size": 4, "compute_domain": True, "taint_rate": 0.002}, 0.30),
+    ({"name": "b300", "model": "B300", "clique_size": 4, "compute_domain": True, "taint_rate": 0.002}, 0.15),
+    ({"name": "h100-dyn", "model": "H100", "mode": "dynamic-mig"}, 0.20),
+    ({"name": "h200-dyn", "model": "H200", "mode": "dynamic-mig"}, 0.10),
+    ({"name": "h100-mig", "model": "H100", "mode": "static-mig", "layout": "mixed"}, 0.10),
+    ({"name": "h200", "model": "H200", "taint_rate": 0.002}, 0.15),
+]
+
 PRESETS: dict[str, Obj] = {
     "small": {
         "name": "small",
@@ -138,6 +150,7 @@ PRESETS: dict[str, Obj] = {
     },
     "medium": _scaled(200, _MIX, "medium"),
     "L": _scaled(5000, _MIX, "L"),
+    "XL": _scaled(15000, _XL_MIX, "XL"),
 }
 
 

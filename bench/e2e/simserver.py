@@ -1,6 +1,6 @@
 """The simulated L fleet behind the Kubernetes HTTP protocol, with scripted churn, for ``bench_e2e.py``.
 
-    python -m bench.e2e.simserver --dir RUN_DIR [--preset L] [--rate 500] [--seconds 120]
+    python -m bench.e2e.simserver --dir RUN_DIR [--preset L|XL] [--rate 500] [--seconds 120]
 
 Builds the preset's nodes and slices, 38,000 allocated claims (every full GPU of the whole-GPU pools, then
 static MIG devices) with their running pods, and 2,000 pending claims of the diagnosis benchmark's shapes;
@@ -48,8 +48,8 @@ from simulator.spec import build_fleet, preset
 Obj = dict[str, Any]
 CLUSTER = "sim"  # the cluster name the orchestrator configures (row keys are "<cluster>/<node>")
 FULL_POOLS = ("b200", "b300", "h100", "h200")
-ALLOCATED = 38_000
-PENDING = 2_000
+# Claims per preset: (allocated with a running pod, pending).
+CLAIMS = {"L": (38_000, 2_000), "XL": (114_000, 6_000)}
 HOLD_SECONDS = 2.0
 TAINT_SHARE = 0.05
 TICK = 0.02
@@ -154,7 +154,8 @@ def build(name: str) -> tuple[IndexedCluster, list[Held], list[Obj]]:
                 devices.append((node, spec["pool"]["name"], d["name"], (node, int(d["name"][4:]))))
             else:
                 mig.append((node, spec["pool"]["name"], d["name"], None))
-    chosen = (devices + mig)[:ALLOCATED]
+    allocated, pending = CLAIMS.get(name, CLAIMS["L"])
+    chosen = (devices + mig)[:allocated]
     held: list[Held] = []
     objs: list[Obj] = [nv.claim_template("ml", "one-gpu", [nv.exactly_request("gpu", "gpu.nvidia.com")])]
     for i, (node, pool, device, probe) in enumerate(chosen):
@@ -174,10 +175,10 @@ def build(name: str) -> tuple[IndexedCluster, list[Held], list[Obj]]:
         objs += [claim, pod]
     shapes = pending_shapes()
     rng = random.Random(11)
-    for i in range(PENDING):
+    for i in range(pending):
         reqs, cons = rng.choice(shapes)
         objs.append(nv.claim_object("bench", f"pending-{i}", reqs, cons))
-    sim = IndexedCluster(history_limit=60_000)
+    sim = IndexedCluster(history_limit=max(60_000, allocated // 2))
     sim.bulk_create([*fleet.objects(), *objs])
     # The stored copies carry the resourceVersion; keep working on those.
     for h in held:
@@ -286,7 +287,7 @@ class Churn:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--dir", required=True)
-    parser.add_argument("--preset", default="L")
+    parser.add_argument("--preset", default="L", choices=sorted(CLAIMS))
     args = parser.parse_args()
     run_dir = Path(args.dir)
     t0 = time.perf_counter()

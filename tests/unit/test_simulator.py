@@ -405,3 +405,17 @@ def test_a_vanished_node_takes_its_slices_and_pods_and_frees_their_claims() -> N
     assert node not in cluster.slices_by_node()
     assert cluster.list("Pod")[0] == []
     assert cluster.allocated_devices() == {}
+
+
+def test_the_xl_preset_is_15000_nodes_120000_gpus_and_about_a_million_devices() -> None:
+    spec = preset("XL")
+    assert (spec.node_count, spec.gpu_count) == (15_000, 120_000)
+    # Devices per node of each pool, from one built node of that pool (building all of XL takes minutes).
+    devices = 0
+    for pool in spec.pools:
+        one = build_fleet(spec_from_dict({"pools": [{**pool.__dict__, "nodes": 1}]}))
+        per_node = sum(
+            len(s["spec"].get("devices", [])) for s in one.slices if s["spec"]["driver"] == "gpu.nvidia.com"
+        )
+        devices += per_node * pool.nodes
+    assert 950_000 <= devices <= 1_150_000, devices
