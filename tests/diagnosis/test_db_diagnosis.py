@@ -16,8 +16,8 @@ from django.db import connection
 from rest_framework.test import APIRequestFactory, force_authenticate
 
 from claims import tasks
+from claims.api.diagnosis import ClaimDiagnosisView, WhatIfView
 from claims.diagnosis import diagnose
-from claims.diagnosis_api import ClaimDiagnosisView, WhatIfView
 from claims.fleetstate import FleetState
 from claims.models import ClaimDiagnosis, ResourceClaim
 from dashboard.visibility import grant_all_namespaces

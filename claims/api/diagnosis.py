@@ -1,6 +1,6 @@
 """REST endpoints of the diagnosis engine: ``POST /api/v1/whatif`` and ``GET /api/v1/claims/{id}/diagnosis``.
 
-Wired by the lead into ``dashboard/api_urls.py`` through :data:`urlpatterns_v1`.
+Routed by ``dashboard/api_urls.py`` through :data:`urlpatterns_v1`.
 """
 
 from __future__ import annotations
