@@ -12,9 +12,7 @@ from claims.allocator.nodes import tolerates
 from claims.allocator.pools import Pool, device_on_node, gather_pools, qty
 from claims.allocator.requests import Candidate, ClaimData, Request, policy_amount
 from claims.allocator.snapshot import Baseline, DeviceKey, Fatal, Features, FleetSnapshot, Obj, slice_key
-from claims.cel import (
-    CelRuntimeError,
-)
+from claims.cel import CelRuntimeError
 
 
 class DeviceState:

@@ -11,13 +11,7 @@ from typing import Any
 from claims.allocator.nodes import klog
 from claims.allocator.pools import Pool, qty
 from claims.allocator.snapshot import DeviceKey, Fatal, Features, FleetSnapshot, Obj
-from claims.cel import (
-    MISSING,
-    CelCompileError,
-    CompiledSelector,
-    compile_selector,
-    parse_qualified_name,
-)
+from claims.cel import MISSING, CelCompileError, CompiledSelector, compile_selector, parse_qualified_name
 
 
 @dataclass

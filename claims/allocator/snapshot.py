@@ -9,13 +9,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from claims.cel import (
-    CelRuntimeError,
-    CompiledSelector,
-    DeviceView,
-    device_view,
-    evaluate,
-)
+from claims.cel import CelRuntimeError, CompiledSelector, DeviceView, device_view, evaluate
 
 MAX_RESULTS = 32  # resourceapi.AllocationResultsMaxSize
 Obj = dict[str, Any]

@@ -15,12 +15,7 @@ from claims.cel.evaluator import Program, compile_node
 from claims.cel.parser import Node, Parser
 from claims.cel.types import BOOL, is_dyn
 from claims.cel.values import EMPTY, DomainMap, type_name
-from fleet.quantity import (
-    Quantity,
-    SemverError,
-    parse_quantity,
-    parse_semver,
-)
+from fleet.quantity import Quantity, SemverError, parse_quantity, parse_semver
 
 _WHOLE = "*"
 

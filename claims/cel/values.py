@@ -11,14 +11,7 @@ from typing import Any, NoReturn
 
 from claims.cel.errors import EvalError
 from claims.cel.types import CelType
-from fleet.quantity import (
-    Quantity,
-    QuantityError,
-    Semver,
-    SemverError,
-    parse_quantity,
-    parse_semver,
-)
+from fleet.quantity import Quantity, QuantityError, Semver, SemverError, parse_quantity, parse_semver
 
 
 class Uint(int):

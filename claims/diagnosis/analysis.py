@@ -8,9 +8,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 
 from claims.allocator import policy_amount
-from claims.cel import (
-    CelRuntimeError,
-)
+from claims.cel import CelRuntimeError
 from claims.diagnosis.groups import Context, Group, Summary, shares_of
 from claims.diagnosis.matching import explain_miss, selector_matches
 from claims.diagnosis.requests import Req, untolerated_taints

@@ -7,10 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from claims.allocator import MAX_RESULTS, allocate
-from claims.cel import (
-    CelCompileError,
-    compile_selector,
-)
+from claims.cel import CelCompileError, compile_selector
 from claims.diagnosis.analysis import analyze, summarize
 from claims.diagnosis.details import request_detail
 from claims.diagnosis.extended import extended_resource_claim

@@ -9,10 +9,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from claims.cel import (
-    CompiledSelector,
-    compile_selector,
-)
+from claims.cel import CompiledSelector, compile_selector
 from claims.diagnosis.result import Obj
 from fleet.quantity import parse_quantity
 
