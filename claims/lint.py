@@ -1,9 +1,12 @@
 """Findings on a ResourceClaim, ResourceClaimTemplate or DeviceClass, without allocating anything.
 
-Each rule comes from something that really bites (tests/controlplane/FINDINGS.md, dra-reference §4): a
-selector the apiserver rejects, ``>=`` on a quantity or version, an attribute no device publishes, a
-single ``in [...]`` selector whose order means nothing, an unqualified constraint attribute, more than 32
-devices in one claim.
+Each rule comes from something that really bites (tests/controlplane/FINDINGS.md; upstream: the CEL
+environment of ``staging/src/k8s.io/dynamic-resource-allocation/cel/compile.go``, the quantity library
+``staging/src/k8s.io/apiserver/pkg/cel/library/quantity.go``, ``pkg/apis/resource/validation/validation.go``,
+and ``AllocationResultsMaxSize`` in ``staging/src/k8s.io/api/resource/v1/types.go``): a selector the apiserver
+rejects, ``>=`` on a quantity or version, an attribute no device publishes, a single ``in [...]``
+selector whose order means nothing, an unqualified constraint attribute, more than 32 devices in one
+claim.
 """
 
 from __future__ import annotations

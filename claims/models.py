@@ -11,10 +11,11 @@ from fleet.models import Cluster, ResourceClaim
 
 
 class ClaimDiagnosis(models.Model):
-    """The latest diagnosis of a pending claim (``claims.diagnosis``), recomputed by ``claims.tasks``.
+    """The latest diagnosis of a pending claim (``claims.diagnosis``).
 
     ``result`` is the full result object (category, summary, requests, suggestions, placement, lint);
-    ``computed_at`` says how fresh it is.
+    ``computed_at`` says how fresh it is. One writer: the diagnosis task (``claims.tasks``); pages and the
+    API only read it, and compute a missing one without storing it.
     """
 
     claim = models.OneToOneField(ResourceClaim, on_delete=models.CASCADE, related_name="diagnosis")
@@ -40,7 +41,8 @@ class ClaimLifecycle(models.Model):
     each observed claim with it to find changes.
 
     Times are Kubernetes' own when the object carries one (creationTimestamp, deletionTimestamp,
-    allocationTimestamp), else the time the ingest batch observed the change.
+    allocationTimestamp), else the time the ingest batch observed the change. One writer: ``claims.history``
+    (ingest's claim hooks, in the batch's transaction; and its pruning, run by ``claims.tasks``).
     """
 
     cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE)
@@ -67,7 +69,8 @@ class ClaimLifecycle(models.Model):
 
 class ClaimStateChange(models.Model):
     """Append-only: a claim went from one state to another at ``at`` (``from_state`` empty: first seen;
-    ``to_state`` "deleted": gone). ``node`` and ``devices`` are those of the allocation made or released."""
+    ``to_state`` "deleted": gone). ``node`` and ``devices`` are those of the allocation made or released.
+    One writer: ``claims.history`` (ingest's claim hooks; and its pruning, run by ``claims.tasks``)."""
 
     cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE)
     uid = models.CharField(max_length=128)
@@ -92,7 +95,8 @@ class ClaimStateChange(models.Model):
 class PendingCause(models.Model):
     """A cause the diagnosis gave for a claim while it was pending, kept after the claim is allocated or
     deleted (the triage reports causes of the weekend's claims on Monday). One row per (claim, category,
-    group key); ``first_seen``/``last_seen`` bracket the diagnoses that gave it. Written by ``claims.tasks``.
+    group key); ``first_seen``/``last_seen`` bracket the diagnoses that gave it. One writer: the diagnosis
+    task (``claims.tasks``: recorded with each recompute, pruned daily).
     """
 
     cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE)

@@ -338,6 +338,14 @@ def pods_using(claim: ResourceClaim) -> QuerySet[PodClaimUse]:
     )
 
 
+def diagnose_now(claim: ResourceClaim) -> dict[str, Any]:
+    """The diagnosis of ``claim`` computed now on its cluster's fleet, and not stored: the diagnosis task
+    (``claims.tasks``) is the one writer of ClaimDiagnosis, so a read that finds no stored row answers with a
+    fresh result and leaves the table as it was."""
+    with FleetState.from_db(claim.cluster.name) as state:
+        return diagnose(state, {**claim.raw, "kind": "ResourceClaim"}).as_dict()
+
+
 def diagnosis_page(vis: Visibility, claim: ResourceClaim) -> ClaimDiagnosisPage:
     """The stored diagnosis (computed now, not stored, when a pending claim has none yet: the task owns the
     table), the claim's pods and their scheduling events, newest first."""
@@ -347,9 +355,7 @@ def diagnosis_page(vis: Visibility, claim: ResourceClaim) -> ClaimDiagnosisPage:
     if stored is not None:
         result, computed_at = stored.result, stored.computed_at
     elif claim.state == "pending":
-        with FleetState.from_db(cluster.name) as state:
-            result = diagnose(state, {**claim.raw, "kind": "ResourceClaim"}).as_dict()
-        computed_at = timezone.now()
+        result, computed_at = diagnose_now(claim), timezone.now()
     else:
         result, computed_at = None, None
     pods = list(

@@ -4,7 +4,8 @@ from typing import Any
 
 from django.urls import path
 
-from claims import triage_views, views
+from claims import views
+from claims.triage import views as triage_views
 
 app_name = "claims"
 urlpatterns: list[Any] = [

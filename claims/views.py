@@ -20,9 +20,9 @@ from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 
 from claims import selectors
+from claims.api.diagnosis import WHATIF_KINDS
 from claims.causes import CauseGroup, Pending, cause_of, group_causes
 from claims.diagnosis import diagnose
-from claims.diagnosis_api import WHATIF_KINDS
 from claims.fleetstate import FleetState
 from fleet.access.visibility import Visibility, redact_diagnosis, visibility_for
 from fleet.normalize import NormalizeError, clean_pasted_claim

@@ -9,8 +9,9 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 from rest_framework.routers import SimpleRouter
 
-from claims import api as claims_api
-from claims import api_triage, diagnosis_api
+from claims.api import diagnosis as diagnosis_api
+from claims.api import triage as api_triage
+from claims.api import views as claims_api
 from fleet import api as fleet_api
 from fleet import api_tokens
 from usage import api as usage_api

@@ -1,6 +1,6 @@
 """A first-fit STAND-IN for the DRA scheduler, for the simulator's tests and demo only.
 
-It is NOT the structured allocator (that replay lives in claims/allocator.py) and must not be used to explain
+It is NOT the structured allocator (that replay lives in claims/allocator/) and must not be used to explain
 real scheduling outcomes. What it does:
 - nodes in name order; per node, the pod's unallocated claims, requests in spec order, devices in
   pool/slice/device-name order (first fit, no backtracking across requests);

@@ -1,9 +1,11 @@
 """Object dicts exactly as the NVIDIA GPU DRA driver and Kubernetes publish them (resource.k8s.io/v1).
 
 This module is the single place that knows how `kubernetes-sigs/dra-driver-nvidia-gpu` shapes its
-ResourceSlices (see /work/shared/dra-reference.md §6), which GPU models exist and what their MIG catalogs
-look like (§7). Fixtures, the fleet simulator and tests build their objects here so that every consumer
-(normalize, diagnosis, allocator replay) is exercised against the same shapes a real 1.36/1.37 cluster serves.
+ResourceSlices (its `cmd/gpu-kubelet-plugin/deviceinfo.go`, `mig.go` and `driver.go`), which GPU models
+exist and what their MIG catalogs look like (`NVIDIA/mig-parted`
+`deployments/systemd/config-default.yaml`; real A100-40GB values in KEP-4815). Fixtures, the fleet
+simulator and tests build their objects here so that every consumer (normalize, diagnosis, allocator
+replay) is exercised against the same shapes a real 1.36/1.37 cluster serves.
 
 Pure Python, no Django, no randomness: every uid, UUID and generated name is derived from the inputs
 (uuid5 / sha256), so two runs with the same arguments produce byte-identical objects.
@@ -41,7 +43,7 @@ GPU_DRIVER: Final = "gpu.nvidia.com"
 CD_DRIVER: Final = "compute-domain.nvidia.com"
 RESOURCE_API: Final = "resource.k8s.io/v1"
 
-# API limits from resource/v1 types.go @1.36.3 (dra-reference.md §2.1).
+# API limits from staging/src/k8s.io/api/resource/v1/types.go @ kubernetes-1.36.3 (ResourceSliceMax*).
 MAX_DEVICES_PER_SLICE: Final = 128
 MAX_DEVICES_PER_SLICE_ADVANCED: Final = 64  # any device with taints / consumesCounters / list attributes
 MAX_COUNTER_SETS_PER_SLICE: Final = 8
@@ -129,7 +131,7 @@ def parse_quantity(text: str) -> int:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# GPU models and MIG catalogs (dra-reference.md §7)
+# GPU models and MIG catalogs (NVIDIA/mig-parted deployments/systemd/config-default.yaml; KEP-4815)
 # ---------------------------------------------------------------------------------------------------------
 
 # Profile kinds of a 7-compute-slice / 8-memory-slice GPU and their NVML GPU-instance profile ids
@@ -148,7 +150,7 @@ _KIND_PLACEMENTS: Final = {
     "4g": (0,),
     "7g": (0,),
 }
-# Max instances of one profile filling a GPU (mig-parted `all-<profile>` entries, §7 table).
+# Max instances of one profile filling a GPU (mig-parted `all-<profile>` entries of config-default.yaml).
 _KIND_MAX_COUNT: Final = {"1g": 7, "1g+me": 1, "1g2x": 4, "2g": 3, "3g": 2, "4g": 1, "7g": 1}
 PROFILE_KINDS: Final = ("1g", "1g+me", "1g2x", "2g", "3g", "4g", "7g")
 
@@ -285,7 +287,7 @@ def _seven_slice_catalog(
 
 
 def _names(one: str, double: str, three: str, seven: str) -> dict[str, str]:
-    """Catalog names from the §7 table columns (1g, 1g double-memory = 2g memory, 3g = 4g memory, 7g)."""
+    """Catalog names from mig-parted's profiles (1g, 1g double-memory = 2g memory, 3g = 4g memory, 7g)."""
     return {
         "1g": f"1g.{one}gb",
         "1g+me": f"1g.{one}gb+me",
@@ -300,7 +302,7 @@ def _names(one: str, double: str, three: str, seven: str) -> dict[str, str]:
 def _synthetic_memory(seven_g_mib: int) -> dict[str, int]:
     """SYNTHETIC per-profile MiB: whole memory-slice units (7g keeps its full size).
 
-    Real NVML numbers for these GPUs were not available (dra-reference.md §7 UNCERTAIN). Using
+    Real NVML numbers for these GPUs were not available (KEP-4815 gives A100-40GB's only). Using
     `slices * floor(7g / 8)` (rounded down to 64 MiB) guarantees that every valid placement combination
     fits in the full GPU's memory counter, which is the property the allocator relies on.
     """
@@ -781,7 +783,8 @@ _CLASS_SELECTORS: Final = {
 
 
 def device_classes(created: str | None = None) -> list[Obj]:
-    """The DeviceClasses the driver's Helm chart installs for resource.k8s.io/v1 (§6.1)."""
+    """The DeviceClasses the driver's Helm chart installs for resource.k8s.io/v1
+    (`deployments/helm/dra-driver-nvidia-gpu/` in kubernetes-sigs/dra-driver-nvidia-gpu)."""
     out = []
     for name, expr in _CLASS_SELECTORS.items():
         meta = _meta("DeviceClass", name, created=created)
@@ -1264,7 +1267,7 @@ def failed_claim_creation_event(
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Scheduler messages (dra-reference.md §5.6)
+# Scheduler messages (pkg/scheduler/framework/plugins/dynamicresources/dynamicresources.go)
 # ---------------------------------------------------------------------------------------------------------
 
 CANNOT_ALLOCATE: Final = "cannot allocate all claims"
@@ -1283,7 +1286,9 @@ def fit_error_message(total_nodes: int, reasons: Mapping[str, int], preemption: 
 
 
 def cel_runtime_error_message(namespace: str, claim: str, selector_index: int, detail: str) -> str:
-    """SchedulerError text for a request selector failing at runtime (§4.5); exact CEL detail UNCERTAIN."""
+    """SchedulerError text for a request selector failing at runtime (``selectorsMatch`` in
+    ``dynamic-resource-allocation/structured/internal/incubating/allocator_incubating.go``);
+    exact CEL detail UNCERTAIN."""
     return (
         f'running "DynamicResources" filter plugin: claim {namespace}/{claim}: '
         f"selector #{selector_index}: CEL runtime error: {detail}"

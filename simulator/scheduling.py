@@ -1,6 +1,6 @@
 """The seam between the simulator and a scheduler: the simulator asks, a `Schedule` callable decides.
 
-The real decision logic (a replay of the structured allocator) lives in claims/allocator.py; the simulator
+The real decision logic (a replay of the structured allocator) lives in claims/allocator/; the simulator
 only needs this small contract, so it never imports `claims` (fleet must not depend on claims). Until the
 real one is wired in, `naive_schedule.naive_schedule` is the stand-in.
 """

@@ -61,7 +61,8 @@ class Workload:
 
 
 def memory_at_least(quantity: str) -> str:
-    """The correct CEL form for "device memory >= q" (`>=` on quantities does not compile, §4.3)."""
+    """The correct CEL form for "device memory >= q" (`>=` on quantities does not compile: no ordering
+    overload in staging/src/k8s.io/apiserver/pkg/cel/library/quantity.go)."""
     return f"device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('{quantity}')) >= 0"
 
 

@@ -98,7 +98,8 @@ def _request(rng: random.Random, name: str, tolerate: bool) -> Obj:
             subs.append(sub)
         return nvidia.first_available_request(name, subs)
     cls, count, mode, sels = _spec(rng, tolerate)
-    # capacity.requests on devices that are not shared: a "has at least this much" filter (§5.5)
+    # capacity.requests on devices that are not shared: a "has at least this much" filter
+    # (upstream structured/internal/incubating/consumable_capacity.go)
     capacity = {"memory": rng.choice(("20Gi", "40Gi", "100Gi"))} if rng.random() < 0.1 else None
     return nvidia.exactly_request(
         name, cls, count, sels, allocation_mode=mode, tolerations=tolerations, capacity=capacity

@@ -16,10 +16,10 @@ from django.db import connection
 from rest_framework.test import APIRequestFactory, force_authenticate
 
 from claims import tasks
+from claims.api.diagnosis import ClaimDiagnosisView, WhatIfView
 from claims.diagnosis import diagnose
-from claims.diagnosis_api import ClaimDiagnosisView, WhatIfView
 from claims.fleetstate import FleetState
-from claims.models import ClaimDiagnosis
+from claims.models import ClaimDiagnosis, PendingCause
 from fleet.access.visibility import grant_all_namespaces
 from fleet.models import ResourceClaim
 from simulator import nvidia
@@ -92,6 +92,7 @@ def test_fleet_changes_within_the_debounce_window_enqueue_once() -> None:
 
 
 def test_claim_diagnosis_endpoint_returns_the_stored_result(imported: None, user: Any) -> None:
+    tasks.recompute_diagnoses("fixtures")
     claim = ResourceClaim.objects.get(name="giant-kv-0-gpu-bn7nn")
     request = APIRequestFactory().get(f"/api/v1/claims/{claim.pk}/diagnosis")
     force_authenticate(request, user)
@@ -99,6 +100,28 @@ def test_claim_diagnosis_endpoint_returns_the_stored_result(imported: None, user
     assert response.status_code == 200
     assert response.data["category"] == "no-match"
     assert response.data["computed_at"] == ClaimDiagnosis.objects.get(claim=claim).computed_at
+
+
+def test_a_claim_diagnosis_get_answers_without_writing_diagnoses_or_causes(imported: None, user: Any) -> None:
+    tasks.recompute_diagnoses("fixtures")
+    stored, fresh = ResourceClaim.objects.filter(state="pending").order_by("name")[:2]
+    ClaimDiagnosis.objects.filter(claim=fresh).delete()  # one claim the task has not diagnosed yet
+
+    def tables() -> tuple[list[Any], list[Any]]:
+        return (
+            list(ClaimDiagnosis.objects.order_by("pk").values()),
+            list(PendingCause.objects.order_by("pk").values()),
+        )
+
+    before = tables()
+    for claim in (stored, fresh):
+        request = APIRequestFactory().get(f"/api/v1/claims/{claim.pk}/diagnosis")
+        force_authenticate(request, user)
+        response = ClaimDiagnosisView.as_view()(request, pk=claim.pk)
+        assert response.status_code == 200
+        assert response.data["claim_id"] == claim.pk and response.data["category"]
+    assert tables() == before
+    assert not ClaimDiagnosis.objects.filter(claim=fresh).exists()
 
 
 def test_whatif_accepts_yaml_and_json_and_rejects_garbage(imported: None, user: Any) -> None:

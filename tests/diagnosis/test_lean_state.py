@@ -154,7 +154,7 @@ def test_web_diagnoses_free_their_fleet_without_the_cyclic_collector(
     from django.contrib.auth import get_user_model
     from rest_framework.test import APIRequestFactory, force_authenticate
 
-    from claims.diagnosis_api import ClaimDiagnosisView, WhatIfView
+    from claims.api.diagnosis import ClaimDiagnosisView, WhatIfView
     from claims.models import ClaimDiagnosis
     from claims.selectors import diagnosis_page
     from fleet.access.visibility import Visibility, grant_all_namespaces

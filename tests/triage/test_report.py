@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from claims.triage import TriageData, build_report
+from claims.triage.report import TriageData, build_report
 
 T0 = datetime(2026, 3, 6, 18, 0, tzinfo=UTC)
 UNTIL = T0 + timedelta(days=2)

@@ -21,7 +21,7 @@ from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
 
 from claims.models import ClaimLifecycle, ClaimStateChange, PendingCause
-from claims.triage import default_window, parse_when
+from claims.triage.window import default_window, parse_when
 from fleet import ingest
 from fleet.normalize import normalize
 from simulator import nvidia as nv

@@ -27,7 +27,7 @@ TABLE = Path(__file__).with_name("allocator_table.json")
 Obj = dict[str, Any]
 
 # Gates of upstream's allocator that only its experimental channel supports in 1.37 and that claimscope's
-# engine does not model (claims/allocator.py names them under "Not implemented").
+# engine does not model (the docstring of claims/allocator/__init__.py names them under "Not implemented").
 UNMODELLED_FEATURES = {
     "CompatibilityGroups": "compatibility groups of counter sets are not modelled by the engine",
     "DerivedAttributes": "derived attributes (exactly.derivedAttributes) are not modelled by the engine",

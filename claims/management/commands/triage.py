@@ -12,8 +12,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from claims.triage import SECTIONS, WindowError, as_text, section_rows
-from claims.triage_selectors import UnknownCluster, report
+from claims.triage.report import SECTIONS, as_text, section_rows
+from claims.triage.selectors import UnknownCluster, report
+from claims.triage.window import WindowError
 from web.renderers import CSVRenderer, dumps
 
 

@@ -1,6 +1,6 @@
 """REST endpoints of the diagnosis engine: ``POST /api/v1/whatif`` and ``GET /api/v1/claims/{id}/diagnosis``.
 
-Wired by the lead into ``dashboard/api_urls.py`` through :data:`urlpatterns_v1`.
+Routed by ``dashboard/api_urls.py`` through :data:`urlpatterns_v1`.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from typing import Any
 
 from django.shortcuts import get_object_or_404
 from django.urls import path
+from django.utils import timezone
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
@@ -21,6 +22,7 @@ from rest_framework.views import APIView
 from claims.diagnosis import diagnose
 from claims.fleetstate import FleetState
 from claims.models import ClaimDiagnosis
+from claims.selectors import diagnose_now
 from fleet.access.visibility import redact_diagnosis, visibility_for
 from fleet.models import ResourceClaim
 from fleet.normalize import INT64_MAX, NormalizeError, clean_pasted_claim
@@ -247,8 +249,8 @@ class WhatIfView(APIView):
 
 
 class ClaimDiagnosisView(APIView):
-    """The latest stored diagnosis of a claim (recomputed on fleet changes); computed now if none is
-    stored yet."""
+    """The latest stored diagnosis of a claim (recomputed on fleet changes); computed now, and not stored,
+    if none is stored yet."""
 
     @extend_schema(responses={200: OpenApiTypes.OBJECT, 404: OpenApiTypes.OBJECT})
     def get(self, request: Request, pk: str | int) -> Response:
@@ -260,13 +262,12 @@ class ClaimDiagnosisView(APIView):
         visible = ResourceClaim.objects.filter(visibility_for(request.user).q())
         claim = get_object_or_404(visible.select_related("cluster"), pk=int(text))
         stored = ClaimDiagnosis.objects.filter(claim=claim).first()
-        if stored is None:
-            from claims.tasks import store_diagnosis
-
-            with FleetState.from_db(claim.cluster.name) as state:
-                stored = store_diagnosis(state, claim)
-        result = redact_diagnosis(stored.result, visibility_for(request.user), claim.cluster.name)
-        return Response({**result, "computed_at": stored.computed_at, "claim_id": claim.pk})
+        if stored is not None:
+            result, computed_at = stored.result, stored.computed_at
+        else:  # a GET never writes: the diagnosis task stores it on its next run
+            result, computed_at = diagnose_now(claim), timezone.now()
+        result = redact_diagnosis(result, visibility_for(request.user), claim.cluster.name)
+        return Response({**result, "computed_at": computed_at, "claim_id": claim.pk})
 
 
 urlpatterns_v1 = [

@@ -6,8 +6,9 @@ from typing import Any
 
 from django.db.models import QuerySet
 
-from claims import api_filters, api_selectors
-from claims import api_serializers as rows
+from claims.api import filters as api_filters
+from claims.api import selectors as api_selectors
+from claims.api import serializers as rows
 from fleet.access.visibility import redact_text, visibility_for
 from fleet.api_base import ValuesListViewSet, ValuesViewSet
 from fleet.models import Pod, SchedulingEvent

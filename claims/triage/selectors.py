@@ -12,9 +12,10 @@ from django.conf import settings
 from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
-from claims.api_selectors import leak_after
+from claims.api.selectors import leak_after
 from claims.models import ClaimLifecycle, ClaimStateChange, PendingCause
-from claims.triage import HOLDING, Allows, TriageData, build_report, window
+from claims.triage.report import HOLDING, Allows, TriageData, build_report
+from claims.triage.window import window
 from fleet.models import AllocationSample, Cluster, Device
 
 

@@ -1,7 +1,7 @@
-"""``GET /api/v1/triage/``: the triage report (``claims.triage``) as JSON, or one section as CSV.
+"""``GET /api/v1/triage/``: the triage report (``claims.triage.report``) as JSON, or one section as CSV.
 
 The serializers below only describe the report for the OpenAPI schema; the data comes from the pure
-``claims.triage.build_report`` so the API, the page and the ``triage`` command agree.
+``claims.triage.report.build_report`` so the API, the page and the ``triage`` command agree.
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from claims.triage import SECTIONS, WindowError, section_rows
-from claims.triage_selectors import report
+from claims.triage.report import SECTIONS, section_rows
+from claims.triage.selectors import report
+from claims.triage.window import WindowError
 from fleet.access.visibility import visibility_for
 from fleet.api_base import StrictContentNegotiation, reject_empty
 from web.renderers import CSVRenderer, ORJSONRenderer

@@ -7,7 +7,7 @@ from typing import Any
 from django.db.models import QuerySet
 from django_filters import rest_framework as filters
 
-from claims import api_selectors
+from claims.api import selectors as api_selectors
 from fleet.api_base import DurationFilter, MinAgeFilter
 from fleet.api_filters import KubeFilter
 from fleet.models import Pod, ResourceClaim, SchedulingEvent

@@ -1,6 +1,6 @@
 """The printable triage page: ``/claims/triage/?since=&until=&cluster=`` (login required by middleware).
 
-Thin: the report comes from ``claims.triage_selectors.report`` (the same data as the API and the command); the
+Thin: the report comes from ``claims.triage.selectors.report`` (the same data as the API and the command); the
 view only adds display text. The report is also embedded as JSON (``json_script``) for the chart, so the page
 shows exactly the data the API returns.
 """
@@ -14,8 +14,8 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
 
-from claims.triage import WindowError, duration_text
-from claims.triage_selectors import UnknownCluster, report
+from claims.triage.selectors import UnknownCluster, report
+from claims.triage.window import WindowError, duration_text
 from fleet.access.visibility import visibility_for
 from fleet.models import Cluster
 

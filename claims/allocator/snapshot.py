@@ -1,0 +1,180 @@
+"""What the allocator reads and returns: the fleet snapshot (slices, classes, allocated claims, with its
+per-snapshot caches), the feature gates, and the allocation and scheduling results.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any
+
+from claims.cel import CelRuntimeError, CompiledSelector, DeviceView, device_view, evaluate
+
+MAX_RESULTS = 32  # resourceapi.AllocationResultsMaxSize
+Obj = dict[str, Any]
+DeviceKey = tuple[str, str, str]  # (driver, pool, device)
+
+
+@dataclass(frozen=True)
+class Features:
+    """Feature gates the allocator honours (1.36/1.37 defaults: all on)."""
+
+    admin_access: bool = True
+    prioritized_list: bool = True
+    partitionable_devices: bool = True
+    device_taints: bool = True
+    consumable_capacity: bool = True
+    device_binding_and_status: bool = True  # DRADeviceBindingConditions + DRAResourceClaimDeviceStatus
+
+
+DEFAULT_FEATURES = Features()
+
+
+@dataclass
+class SelectorStats:
+    """How often selectors ran, and how many runs were saved by sharing results between devices."""
+
+    evaluations: int = 0
+    saved: int = 0
+
+
+@dataclass
+class FleetSnapshot:
+    """Raw objects the allocator looks at. Build with ``from_objects``."""
+
+    slices: list[Obj] = field(default_factory=list)
+    classes: dict[str, Obj] = field(default_factory=dict)
+    allocated_claims: list[Obj] = field(default_factory=list)
+    nodes: dict[str, Obj] = field(default_factory=dict)
+    stats: SelectorStats = field(default_factory=SelectorStats)
+    _views: dict[DeviceKey, DeviceView] = field(default_factory=dict, repr=False)
+    _results: dict[tuple[str, Any], bool | CelRuntimeError] = field(default_factory=dict, repr=False)
+    _index: SliceIndex | None = field(default=None, repr=False)
+    _baseline: Baseline | None = field(default=None, repr=False)
+
+    @classmethod
+    def from_objects(cls, objs: Iterable[Obj]) -> FleetSnapshot:
+        """Sort ResourceSlices, DeviceClasses, allocated ResourceClaims and Nodes; ignore other kinds."""
+        snapshot = cls()
+        for obj in objs:
+            kind = obj.get("kind")
+            name = (obj.get("metadata") or {}).get("name", "")
+            if kind == "ResourceSlice":
+                snapshot.slices.append(obj)
+            elif kind == "DeviceClass":
+                snapshot.classes[name] = obj
+            elif kind == "ResourceClaim" and (obj.get("status") or {}).get("allocation"):
+                snapshot.allocated_claims.append(obj)
+            elif kind == "Node":
+                snapshot.nodes[name] = obj
+        return snapshot
+
+    def view(self, driver: str, pool: str, device: Obj) -> DeviceView:
+        key = (driver, pool, device.get("name", ""))
+        found = self._views.get(key)
+        if found is None:
+            found = self._views[key] = device_view(driver, device)
+        return found
+
+    def matches(self, selector: CompiledSelector, view: DeviceView, key: DeviceKey) -> bool:
+        """Evaluate once per distinct projection of what the selector reads. Raises CelRuntimeError."""
+        if selector.opaque or view.attribute_error:
+            projection: Any = ("device", key)
+        else:
+            projection = (
+                view.driver if selector.reads_driver else None,
+                view.allow_multiple_allocations,
+                tuple(typed_value(view.lookup(*ref)) for ref in sorted(selector.references)),
+            )
+        cache_key = (selector.expression, projection)
+        cached = self._results.get(cache_key)
+        if cached is None:
+            self.stats.evaluations += 1
+            try:
+                cached = evaluate(selector, view)
+            except CelRuntimeError as exc:
+                cached = exc
+            self._results[cache_key] = cached
+        else:
+            self.stats.saved += 1
+        if isinstance(cached, CelRuntimeError):
+            raise cached
+        return cached
+
+
+def typed_value(value: object) -> tuple[str, object]:
+    if isinstance(value, list):  # a list-valued attribute: hashable for the cache key
+        return ("list", tuple(typed_value(v) for v in value))
+    return (type(value).__name__, value)
+
+
+@dataclass
+class SliceIndex:
+    """Slices by nodeName, the node-less ones, and all slices per pool: built once per snapshot so that
+    gathering the pools of one node does not scan the whole fleet (valid while ``slices`` is unchanged)."""
+
+    size: int
+    by_node: dict[str, list[Obj]]
+    other: list[Obj]
+    by_pool: dict[tuple[str, str], list[Obj]]
+
+
+@dataclass
+class Baseline:
+    """Devices in use and counters/capacity consumed by the snapshot's allocated claims."""
+
+    size: tuple[int, int]
+    in_use: set[DeviceKey]
+    shared: set[DeviceKey]
+    counter_use: dict[tuple[str, str, str, str], Fraction]
+    capacity_use: dict[tuple[DeviceKey, str], Fraction]
+
+
+def slice_index(snapshot: FleetSnapshot) -> SliceIndex:
+    index = snapshot._index
+    if index is None or index.size != len(snapshot.slices):
+        by_node: dict[str, list[Obj]] = {}
+        other: list[Obj] = []
+        by_pool: dict[tuple[str, str], list[Obj]] = {}
+        for s in snapshot.slices:
+            node_name = (s.get("spec") or {}).get("nodeName")
+            if node_name:
+                by_node.setdefault(node_name, []).append(s)
+            else:
+                other.append(s)
+            by_pool.setdefault(slice_key(s), []).append(s)
+        index = snapshot._index = SliceIndex(len(snapshot.slices), by_node, other, by_pool)
+    return index
+
+
+@dataclass
+class AllocationResult:
+    """``ok`` with ``allocations`` (claim "ns/name" → ``status.allocation``), or a failure.
+
+    ``kind`` is "unschedulable" (this node cannot hold all claims) or "error" (the attempt aborts, pod
+    reason SchedulerError); ``message`` is the scheduler's text for it."""
+
+    ok: bool
+    kind: str = ""
+    message: str = ""
+    allocations: dict[str, Obj] = field(default_factory=dict)
+
+
+@dataclass
+class ScheduleResult:
+    """The first node where all claims fit, or the FailedScheduling-style message."""
+
+    node: str | None
+    message: str
+    allocations: dict[str, Obj] = field(default_factory=dict)
+    per_node: dict[str, AllocationResult] = field(default_factory=dict)
+
+
+class Fatal(Exception):
+    pass
+
+
+def slice_key(s: Obj) -> tuple[str, str]:
+    spec = s.get("spec") or {}
+    return (spec.get("driver", ""), (spec.get("pool") or {}).get("name", ""))

@@ -1,0 +1,215 @@
+"""Candidate groups and the per-fleet context: devices grouped by model x MIG profile, the state outcomes
+of a batch of devices, who holds a device (oldest first), and the per-state facts shared by every request
+(pool problems, counters left, holders).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+from claims.diagnosis.requests import counter_value
+from claims.diagnosis.result import Obj
+from claims.fleetstate import DeviceInfo, DeviceKey, FleetState, claim_results, klog
+from fleet.quantity import parse_quantity
+
+
+@dataclass
+class Group:
+    model: str
+    profile: str
+    total: int = 0
+    outcomes: dict[str, int] = field(default_factory=dict)
+    miss: tuple[str, str] | None = None
+    holders: dict[str, Obj] = field(default_factory=dict)  # filled while summarizing (a scratch group)
+    free_nodes: dict[str, int] = field(default_factory=dict)
+    taints: dict[str, int] = field(default_factory=dict)
+    pool_problems: set[str] = field(default_factory=set)
+    # The summaries whose holders this group has: they are shared by every claim of the same shape, so the
+    # union of their holders is computed (and sorted) once per state, see Context.holders_of.
+    sources: list[Summary] = field(default_factory=list)
+
+
+@dataclass
+class Summary:
+    """State outcomes of a batch of devices that passed the selectors."""
+
+    outcomes: dict[str, int] = field(default_factory=dict)
+    free_nodes: dict[str, int] = field(default_factory=dict)
+    taints: dict[str, int] = field(default_factory=dict)
+    holders: dict[str, Obj] = field(default_factory=dict)
+    pool_problems: set[str] = field(default_factory=set)
+    candidate_nodes: set[str] = field(default_factory=set)
+    free: list[DeviceInfo] = field(default_factory=list)
+
+
+def shares_of(info: DeviceInfo, held: list[Obj]) -> list[Obj] | None:
+    """The results of ``held`` on a shareable device, or None when one of them holds it whole (a result
+    without shareID is dedicated, whatever the device allows: the scheduler's allocateddevices.go)."""
+    if not info.device.get("allowMultipleAllocations"):
+        return None
+    out = []
+    for claim in held:
+        for r in claim_results(claim):
+            if (r.get("driver"), r.get("pool"), r.get("device")) == info.key and not r.get("adminAccess"):
+                if not r.get("shareID"):
+                    return None
+                out.append(r)
+    return out
+
+
+HOLDERS_SHOWN = 20
+
+
+def age_key(claim: Obj) -> tuple[str, str]:
+    return (claim.get("metadata") or {}).get("creationTimestamp") or "", klog(claim)
+
+
+@dataclass(frozen=True)
+class Holders:
+    every: dict[str, Obj]  # by id
+    oldest: list[Obj]  # every holder, oldest first
+    unreserved: list[Obj]  # those reserved for no consumer, oldest first
+
+
+@dataclass
+class Context:
+    """Per-state facts shared by all requests: pool problems, counter usage, device holders."""
+
+    state: FleetState
+    pool_problem: dict[tuple[str, str], str]
+    counter_left: dict[tuple[str, str, str, str], Fraction]
+    used_sets: set[tuple[str, str, str]] = field(default_factory=set)
+    splits: dict[tuple[DeviceKey, DeviceKey, int], tuple[list[DeviceInfo], list[DeviceInfo]]] = field(
+        default_factory=dict
+    )
+    summaries: dict[tuple[int, int, DeviceKey, DeviceKey, str], Summary] = field(default_factory=dict)
+    # holders_of's results by the identities of the summaries; the summaries are kept alive with them, so
+    # an id is never reused while its entry exists.
+    holder_sets: dict[tuple[int, ...], tuple[list[Summary], Holders]] = field(default_factory=dict)
+    _consumption: dict[DeviceKey, list[tuple[tuple[str, str, str, str], Fraction | int]]] = field(
+        default_factory=dict
+    )
+
+    def holders_of(self, groups: Iterable[Group]) -> Holders:
+        """The claims holding the groups' devices: all of them, and oldest first (all, and those reserved
+        for no consumer). Claims of the same shape share their summaries: this runs once per shape, not
+        once per claim over tens of thousands of holders."""
+        sources = [s for g in groups for s in g.sources]
+        key = tuple(id(s) for s in sources)
+        hit = self.holder_sets.get(key)
+        if hit is not None:
+            return hit[1]
+        every = {k: c for s in sources for k, c in s.holders.items()}
+        cached = {id(v) for v in self.summaries.values()}
+        if not all(i in cached for i in key):
+            # A summary made for this request alone (capacity requests, single devices): nothing to share;
+            # only the first HOLDERS_SHOWN of each list are ever shown.
+            def free(c: Obj) -> bool:
+                return not (c.get("status") or {}).get("reservedFor")
+
+            return Holders(
+                every,
+                heapq.nsmallest(HOLDERS_SHOWN, every.values(), key=age_key),
+                heapq.nsmallest(HOLDERS_SHOWN, filter(free, every.values()), key=age_key),
+            )
+        ordered = sorted(every.values(), key=age_key)
+        unreserved = [c for c in ordered if not (c.get("status") or {}).get("reservedFor")]
+        self.holder_sets[key] = (sources, Holders(every, ordered, unreserved))
+        return self.holder_sets[key][1]
+
+    @classmethod
+    def of(cls, state: FleetState) -> Context:
+        cached = getattr(state, "_diagnosis_context", None)
+        if isinstance(cached, cls):
+            return cached
+        problems: dict[tuple[str, str], str] = {}
+        counts: dict[tuple[str, str], tuple[int, int]] = {}  # pool -> (generation, slices seen)
+        wanted: dict[tuple[str, str], int] = {}
+        counters: dict[tuple[str, str, str, str], Fraction] = {}
+        for s in state.objects["ResourceSlice"]:
+            spec = s.get("spec") or {}
+            pool = spec.get("pool") or {}
+            key = (spec.get("driver", ""), pool.get("name", ""))
+            gen = int(pool.get("generation", 0))
+            seen_gen, seen = counts.get(key, (-1, 0))
+            if gen > seen_gen:
+                counts[key] = (gen, 1)
+                wanted[key] = int(pool.get("resourceSliceCount", 1))
+            elif gen == seen_gen:
+                counts[key] = (gen, seen + 1)
+        for key, (_, seen) in counts.items():
+            if seen != wanted[key]:
+                problems[key] = (
+                    f"pool {key[0]}/{key[1]} is incomplete: {seen} of {wanted[key]} slices published"
+                )
+        names: dict[tuple[str, str], set[str]] = {}
+        for info in state.devices():
+            pool_key = (info.key[0], info.key[1])
+            seen_names = names.setdefault(pool_key, set())
+            if info.key[2] in seen_names and pool_key not in problems:
+                problems[pool_key] = (
+                    f"pool {pool_key[0]}/{pool_key[1]} is invalid: duplicate device {info.key[2]}"
+                )
+            seen_names.add(info.key[2])
+        for s in state.objects["ResourceSlice"]:
+            spec = s.get("spec") or {}
+            for cs in spec.get("sharedCounters") or []:
+                for cname, value in (cs.get("counters") or {}).items():
+                    ck = (
+                        spec.get("driver", ""),
+                        (spec.get("pool") or {}).get("name", ""),
+                        cs.get("name", ""),
+                        cname,
+                    )
+                    counters[ck] = parse_quantity(str((value or {}).get("value", "0"))).value
+        holders = state.holders()
+        used: set[tuple[str, str, str]] = set()
+        for info in state.devices():
+            if info.key in holders and not info.device.get("allowMultipleAllocations"):
+                for use in info.device.get("consumesCounters") or []:
+                    used.add((info.key[0], info.key[1], use.get("counterSet", "")))
+                    for cname, value in (use.get("counters") or {}).items():
+                        ck = (info.key[0], info.key[1], use.get("counterSet", ""), cname)
+                        if ck in counters:
+                            counters[ck] -= parse_quantity(str((value or {}).get("value", "0"))).value
+        ctx = cls(state, problems, counters, used)
+        object.__setattr__(state, "_diagnosis_context", ctx)
+        return ctx
+
+    def consumption(self, info: DeviceInfo) -> list[tuple[tuple[str, str, str, str], Fraction | int]]:
+        cached = self._consumption.get(info.key)
+        if cached is None:
+            cached = [
+                ((info.key[0], info.key[1], use.get("counterSet", ""), cname), counter_value(value))
+                for use in info.device.get("consumesCounters") or []
+                for cname, value in (use.get("counters") or {}).items()
+            ]
+            self._consumption[info.key] = cached
+        return cached
+
+    def split_skipped(self, batch: list[DeviceInfo]) -> tuple[list[DeviceInfo], list[DeviceInfo]]:
+        """(devices the allocator skips before their selectors: in use or in an unusable pool; the rest)."""
+        key = (batch[0].key, batch[-1].key, len(batch))
+        found = self.splits.get(key)
+        if found is None:
+            holders = self.state.holders()
+            skipped: list[DeviceInfo] = []
+            rest: list[DeviceInfo] = []
+            for i in batch:
+                held = holders.get(i.key)
+                in_use = held and shares_of(i, held) is None
+                (skipped if in_use or (i.key[0], i.key[1]) in self.pool_problem else rest).append(i)
+            found = self.splits[key] = (skipped, rest)
+        return found
+
+    def counters_fit(self, info: DeviceInfo) -> bool:
+        uses = info.device.get("consumesCounters")
+        if not uses:
+            return True
+        driver, pool = info.key[0], info.key[1]
+        if not any((driver, pool, use.get("counterSet", "")) in self.used_sets for use in uses):
+            return True  # nobody consumes this device's counter sets
+        return all(self.counter_left.get(ck, 0) >= need for ck, need in self.consumption(info))
