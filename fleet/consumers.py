@@ -24,7 +24,7 @@ import orjson
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
-from django.db import close_old_connections
+from django.db import DatabaseError, close_old_connections
 
 from fleet import feed as fleet_feed
 from fleet.access.visibility import Visibility, redact_heatmap_rows, visibility_for
@@ -118,6 +118,12 @@ class FleetConsumer(SessionBoundConsumer, AsyncJsonWebsocketConsumer):
             self.flusher = None
         try:
             await self._send(self.feed.delta)
+        except DatabaseError as exc:
+            # The database is away (a restart, a failover): one line, not a traceback per delta; the clusters
+            # stay dirty and the next change retries them.
+            log.warning(
+                "fleet feed: delta postponed, no answer from the database: %s", str(exc).strip()[:200]
+            )
         except Exception:  # the clusters stay dirty: the next change retries them
             log.exception("fleet feed: delta failed")
 

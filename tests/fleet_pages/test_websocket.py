@@ -222,3 +222,40 @@ async def test_after_the_last_client_leaves_pages_still_see_every_change(session
 
     rows, truth = await database_sync_to_async(change_then_render)()
     assert rows == truth
+
+
+@run_async
+async def test_a_delta_the_database_could_not_answer_logs_one_line_and_the_next_change_delivers(
+    session_cookie, monkeypatch, caplog
+):
+    """While PostgreSQL restarts, a delta fails with a database error: one warning without a traceback,
+    and the clusters stay dirty, so the next change delivers them."""
+    from django.db import OperationalError
+
+    ws = WebsocketCommunicator(application, "/ws/fleet/", headers=[ORIGIN, session_cookie])
+    connected, _ = await ws.connect()
+    assert connected
+    await ws.receive_json_from(timeout=10)
+    real_delta = feed.FleetFeed.delta
+    failures = []
+
+    def delta_once_unanswered(self, *args, **kwargs):
+        if not failures:
+            failures.append(1)
+            raise OperationalError("server closed the connection unexpectedly")
+        return real_delta(self, *args, **kwargs)
+
+    monkeypatch.setattr(feed.FleetFeed, "delta", delta_once_unanswered)
+
+    def deallocate(index):
+        editor = FleetEditor()
+        editor.deallocate(editor.allocated_claims()[index])
+
+    await database_sync_to_async(deallocate)(0)
+    assert await ws.receive_nothing(timeout=feed.BATCH_SECONDS + 1.5)
+    assert "delta postponed, no answer from the database" in caplog.text
+    assert "Traceback" not in caplog.text and "delta failed" not in caplog.text
+    await database_sync_to_async(deallocate)(1)  # each editor starts from the fixture: another claim
+    delta = await ws.receive_json_from(timeout=10)
+    assert delta["type"] == "delta" and delta["rows"]
+    await ws.disconnect()
