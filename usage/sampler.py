@@ -10,8 +10,8 @@ from datetime import datetime
 from fleet import selectors
 from fleet.models import Cluster
 from usage import ingest
-from usage.join import DeviceInfo, DeviceRef, join
-from usage.prometheus import PrometheusUnavailable, SeriesSource
+from usage.join import DeviceInfo, DeviceRef, entities, join
+from usage.prometheus import EntityRead, EntitySource, PrometheusUnavailable, SeriesSource
 
 log = logging.getLogger(__name__)
 
@@ -56,21 +56,32 @@ def holdings(cluster_id: int) -> dict[DeviceRef, list[tuple[str, str]]]:
     }
 
 
+def read(source: SeriesSource | EntitySource) -> EntityRead:
+    """The source's entities: grouped by the source itself when it can (Prometheus), else from its
+    samples."""
+    if hasattr(source, "entities"):
+        return source.entities()
+    samples, seconds = source.samples()
+    return EntityRead(entities(samples), len(samples), seconds)
+
+
 def sample_cluster(
-    cluster: Cluster, source: SeriesSource, at: datetime, limits: ingest.Thresholds
+    cluster: Cluster, source: SeriesSource | EntitySource, at: datetime, limits: ingest.Thresholds
 ) -> RoundReport:
     """Run one round. A source that cannot answer is recorded (``unavailable_since``) and nothing else
     changes; the round never raises for it."""
     started = time.monotonic()
     try:
-        samples, query_seconds = source.samples()
+        answer = read(source)
     except PrometheusUnavailable as exc:
         log.warning("utilization of cluster %s unavailable: %s", cluster.name, exc)
         ingest.record_failure(cluster, at, str(exc))
         return RoundReport(ok=False, error=str(exc))
     devices = device_infos(cluster.pk)
     held = holdings(cluster.pk)
-    result = join(samples, devices, held)
+    result = join(answer.entities, devices, held)
+    result.series = answer.series
+    query_seconds = answer.seconds
     elapsed = time.monotonic() - started
     ingest.record_round(cluster, at, result, devices, held, limits, query_seconds, elapsed)
     unmatched = sum(result.unmatched.values())
