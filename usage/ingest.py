@@ -57,6 +57,7 @@ _CARRIED = (
     "gpu_fraction",
 )
 _HOLDING_KEY = ("namespace", "claim", "driver", "pool", "device")
+WRITE_CHUNK = 5000  # rows per COPY: large enough for COPY's speed, small enough to bound memory
 CLAIM_CHUNK = 500  # claim names per IN list: far under SQLite's bound-parameter limit on any fleet size
 HoldingKey = tuple[str, str, str, str, str]  # namespace, claim, driver, pool, device
 
@@ -93,6 +94,7 @@ def record_round(
         # Every holding of the claims held now, however long ago it was last seen (a Prometheus outage
         # must not restart a holding's accounting).
         previous = previous_holdings(cluster, (claim for owners in held.values() for _, claim in owners))
+        DeviceUsage.objects.filter(cluster=cluster).delete()
         rows: list[dict[str, Any]] = []
         holdings: list[dict[str, Any]] = []
         idle: dict[DeviceRef, datetime] = {}
@@ -142,7 +144,12 @@ def record_round(
                     "idle_since": idle_since,
                 }
             )
-        DeviceUsage.objects.filter(cluster=cluster).delete()
+            if len(rows) >= WRITE_CHUNK:  # written as they come: a round's rows never all in memory
+                write_rows(DeviceUsage, rows)
+                rows = []
+            if len(holdings) >= WRITE_CHUNK:
+                write_rows(ClaimUsage, holdings, conflict=_HOLDING_CONFLICT)
+                holdings = []
         write_rows(DeviceUsage, rows)
         write_rows(ClaimUsage, holdings, conflict=_HOLDING_CONFLICT)
         minute = at.replace(second=0, microsecond=0)

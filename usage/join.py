@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from usage.prometheus import ENGINE_ACTIVE, FB_FREE, FB_USED, GPU_UTIL, POWER, Entity, SampleLike
 
@@ -30,9 +31,9 @@ EXAMPLES = 20
 _TARGET_LABELS = ("job", "instance")
 
 
-@dataclass(frozen=True)
-class DeviceInfo:
-    """What the join needs of a fleet device."""
+class DeviceInfo(NamedTuple):
+    """What the join needs of a fleet device (a named tuple: a round builds one per device of the
+    cluster, and a tuple is built several times faster than a frozen dataclass)."""
 
     ref: DeviceRef
     kind: str  # "gpu" or "mig"
@@ -45,8 +46,7 @@ class DeviceInfo:
     minor: int | None = None  # the physical GPU's index on its node (the heatmap's column)
 
 
-@dataclass(frozen=True)
-class Measured:
+class Measured(NamedTuple):
     """One device's values this round; ``active`` is None when no activity metric was reported."""
 
     ref: DeviceRef

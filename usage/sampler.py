@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -65,11 +68,35 @@ def read(source: SeriesSource | EntitySource) -> EntityRead:
     return EntityRead(entities(samples), len(samples), seconds)
 
 
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector while a round runs.
+
+    A round on a large fleet builds a few hundred thousand objects (entities, device infos, rows) that all
+    live until its end; every allocation threshold crossed made the collector walk them all again,
+    finding nothing to free: about a third of the round's CPU time. They hold no reference cycles and
+    are freed by reference counting when the round returns."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def sample_cluster(
     cluster: Cluster, source: SeriesSource | EntitySource, at: datetime, limits: ingest.Thresholds
 ) -> RoundReport:
     """Run one round. A source that cannot answer is recorded (``unavailable_since``) and nothing else
     changes; the round never raises for it."""
+    with collector_paused():
+        return _round(cluster, source, at, limits)
+
+
+def _round(
+    cluster: Cluster, source: SeriesSource | EntitySource, at: datetime, limits: ingest.Thresholds
+) -> RoundReport:
     started = time.monotonic()
     try:
         answer = read(source)
@@ -82,6 +109,7 @@ def sample_cluster(
     result = join(answer.entities, devices, held)
     result.series = answer.series
     query_seconds = answer.seconds
+    del answer  # the entities: what the rows need is in ``result`` now; their memory serves the writing
     elapsed = time.monotonic() - started
     ingest.record_round(cluster, at, result, devices, held, limits, query_seconds, elapsed)
     unmatched = sum(result.unmatched.values())
