@@ -6,8 +6,9 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
-from django.db.models import Q, QuerySet
+from django.db.models import Exists, OuterRef, Q, QuerySet
 
 from usage.models import ClaimUsage, DeviceUsage, SamplingState, UsageTrend
 
@@ -114,38 +115,67 @@ def add_blocked(
     """Count, for each idle claim, the claims that waited for its model while it sat idle: pending for
     lack of capacity (their diagnosis found devices of that model, fewer free than needed) between its
     idle start (or first sample) and its last sample. Waiting claims the viewer may not see are counted,
-    not named."""
+    not named.
+
+    A cause's ``last_seen`` is its claim's last *diagnosis*, not the end of its wait: diagnoses run when
+    the fleet changes, and a fleet whose GPUs sit idle may not change for hours. A claim that is still
+    pending therefore waits until now under the cause it was last given (its latest row)."""
     if not claims:
         return
-    # Through the app registry: pending causes are the claims app's, and usage reads them, never imports.
     from claims.models import PendingCause as cause
+    from fleet.models import ResourceClaim
 
     since = min(c.idle_since or c.first_seen for c in claims)
     until = max(c.last_seen for c in claims)
-    waiting: list[tuple[str, str, str, datetime, datetime, set[str]]] = []
-    rows = cause.objects.filter(category="capacity", last_seen__gte=since, first_seen__lte=until)
-    for cluster, namespace, name, first, last, result in rows.values_list(
-        "cluster__name", "namespace", "name", "first_seen", "last_seen", "result"
+    pending_now = ResourceClaim.objects.filter(
+        cluster_id=OuterRef("cluster_id"), uid=OuterRef("uid"), state="pending"
+    )
+    rows = (
+        cause.objects.filter(category="capacity", first_seen__lte=until)
+        .annotate(pending_now=Exists(pending_now))
+        .filter(Q(last_seen__gte=since) | Q(pending_now=True))
+    )
+    latest: dict[tuple[str, str], datetime] = {}  # a still-pending claim's current cause: its latest row
+    found: list[tuple[str, str, str, str, datetime, datetime, bool, set[str]]] = []
+    for cluster, uid, namespace, name, first, last, still, result in rows.values_list(
+        "cluster__name", "uid", "namespace", "name", "first_seen", "last_seen", "pending_now", "result"
     ):
-        models = {
-            str(g.get("model", ""))
-            for r in (result or {}).get("requests", [])
-            for g in r.get("groups", [])
-            # Devices of the model match, but fewer are free than the request needs.
-            if g.get("matching") and int(g.get("free") or 0) < int(r.get("count") or 1)
-        }
-        waiting.append((cluster, namespace, name, first, last, models))
+        found.append((cluster, uid, namespace, name, first, last, still, waited_for(result or {})))
+        if still:
+            latest[(cluster, uid)] = max(latest.get((cluster, uid), last), last)
+    waiting: list[tuple[str, str, str, datetime, datetime | None, set[str]]] = [
+        # None: waiting still, up to now
+        (cluster, namespace, name, first, None if still and latest[(cluster, uid)] == last else last, models)
+        for cluster, uid, namespace, name, first, last, still, models in found
+    ]
     for c in claims:
         start = c.idle_since or c.first_seen
         names = sorted(
             {
                 (ns, name)
                 for cluster, ns, name, first, last, models in waiting
-                if cluster == c.cluster and c.model in models and first <= c.last_seen and last >= start
+                if cluster == c.cluster
+                and c.model in models
+                and first <= c.last_seen
+                and (last is None or last >= start)
             }
         )
         c.blocked = len(names)
         c.blocked_examples = [f"{ns}/{n}" for ns, n in names if allows is None or allows(c.cluster, ns)][:5]
+
+
+def waited_for(result: dict[str, Any]) -> set[str]:
+    """The models a diagnosed claim waited for: devices of the model match a request, but fewer are free
+    than it needs (all the matching ones, for an ``All`` request)."""
+    models = set()
+    for r in result.get("requests", []):
+        count = r.get("count")
+        for g in r.get("groups", []):
+            matching = int(g.get("matching") or 0)
+            need = matching if count == "All" else int(count or 1)
+            if matching and int(g.get("free") or 0) < need:
+                models.add(str(g.get("model", "")))
+    return models
 
 
 def waste(claims: Iterable[IdleClaim]) -> list[Waste]:
