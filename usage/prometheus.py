@@ -97,12 +97,19 @@ class EntitySource(Protocol):
         ...
 
 
-def entity_query(metric: str, matchers: str = "") -> str:
+# Each metric is read in parts, by the last character of the GPU's UUID (hex: even parts): one part's
+# answer is what a round holds in memory at a time. The matchers partition every series, one without a
+# UUID label included (the last part's negative matcher takes it).
+SHARDS = ('UUID=~".*[0-3]"', 'UUID=~".*[4-7]"', 'UUID=~".*[89abAB]"', 'UUID!~".*[0-9abAB]"')
+
+
+def entity_query(metric: str, matchers: str = "", shard: str = "") -> str:
     """One metric, one series per entity, labelled only by ``ENTITY`` (the joined ``ENTITY_LABELS``).
 
     ``max by`` folds series that differ only in other labels (target, pod) into one; a metric absent for an
-    entity is simply not in the answer."""
-    extra = f"{{{matchers}}}" if matchers else ""
+    entity is simply not in the answer. ``shard``: one of ``SHARDS`` (empty: every series)."""
+    both = ",".join(m for m in (matchers, shard) if m)
+    extra = f"{{{both}}}" if both else ""
     labels = ", ".join(f'"{name}"' for name in ENTITY_LABELS)
     return f'max by ({ENTITY}) (label_join({metric}{extra}, "{ENTITY}", "\\x1f", {labels}))'
 
@@ -158,15 +165,16 @@ class PrometheusSource:
         return body["data"]
 
     def entities(self) -> EntityRead:
-        """Every entity's values: one query per metric, each answer turned into entities and dropped before
-        the next is read (a round's peak memory is one metric's answer)."""
+        """Every entity's values: one query per metric and shard, each answer turned into entities and
+        dropped before the next is read (a round's peak memory is one part of one metric's answer)."""
         grouped: dict[str, Entity] = {}
         seen: dict[str, str] = {}
         series = 0
         took = 0.0
-        for metric in METRICS:
+        for metric, shard in ((m, part) for m in METRICS for part in SHARDS):
             started = time.monotonic()
-            data = self._get("/api/v1/query", {"query": entity_query(metric, self.config.matchers())})
+            query = entity_query(metric, self.config.matchers(), shard)
+            data = self._get("/api/v1/query", {"query": query})
             took += time.monotonic() - started
             if data.get("resultType") != "vector":
                 raise PrometheusUnavailable(

@@ -98,14 +98,16 @@ def _round(
     cluster: Cluster, source: SeriesSource | EntitySource, at: datetime, limits: ingest.Thresholds
 ) -> RoundReport:
     started = time.monotonic()
+    # The fleet first: reading it briefly takes more memory than what it keeps (the selector's rows),
+    # and that peak then passes before the source's answer is held.
+    devices = device_infos(cluster.pk)
+    held = holdings(cluster.pk)
     try:
         answer = read(source)
     except PrometheusUnavailable as exc:
         log.warning("utilization of cluster %s unavailable: %s", cluster.name, exc)
         ingest.record_failure(cluster, at, str(exc))
         return RoundReport(ok=False, error=str(exc))
-    devices = device_infos(cluster.pk)
-    held = holdings(cluster.pk)
     result = join(answer.entities, devices, held)
     result.series = answer.series
     query_seconds = answer.seconds
