@@ -156,8 +156,16 @@ def _high_water_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def _reset_high_water() -> None:
+    """Start VmHWM over from the current RSS (Linux: ``clear_refs`` value 5)."""
+    Path("/proc/self/clear_refs").write_text("5")
+
+
 def one_round(url: str) -> None:
-    """--round: one sampling round in this (fresh) process; prints seconds and peak RSS."""
+    """--round: two sampling rounds in this (fresh) process, a minute apart on the sampling clock; prints
+    seconds and peak RSS of each. The first reads the fleet's devices (a worker's first round, or one after
+    a slice changed), the second finds them kept (a worker's round while the slices are unchanged); the
+    peak is reset in between, so each is its own."""
     from django.conf import settings
 
     from usage.config import PrometheusConfig
@@ -167,26 +175,31 @@ def one_round(url: str) -> None:
 
     settings.CLAIMSCOPE_IDLE_WINDOW_MINUTES = 1
     cluster = Cluster.objects.get(name=CLUSTER)
-    before = _high_water_mb()
-    cpu0, t0 = time.process_time(), time.perf_counter()
-    report = sample_cluster(
-        cluster, PrometheusSource(PrometheusConfig(CLUSTER, url), timeout=60), datetime.now(UTC), thresholds()
-    )
-    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-    peak = _high_water_mb()
-    figures = {
-        "ok": report.ok,
-        "error": report.error,
-        "series": report.series,
-        "matched": report.matched,
-        "unmatched": report.unmatched,
-        "query_s": report.query_seconds,
-        "wall_s": wall,
-        "cpu_s": cpu,
-        "peak_mb": peak,
-        "before_mb": before,
-    }
-    print(json.dumps(figures))
+    source = PrometheusSource(PrometheusConfig(CLUSTER, url), timeout=60)
+    at = datetime.now(UTC)
+    out = []
+    for n in range(2):
+        if n:
+            _reset_high_water()
+        before = _high_water_mb()
+        cpu0, t0 = time.process_time(), time.perf_counter()
+        report = sample_cluster(cluster, source, at + timedelta(minutes=n), thresholds())
+        wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+        out.append(
+            {
+                "ok": report.ok,
+                "error": report.error,
+                "series": report.series,
+                "matched": report.matched,
+                "unmatched": report.unmatched,
+                "query_s": report.query_seconds,
+                "wall_s": wall,
+                "cpu_s": cpu,
+                "peak_mb": _high_water_mb(),
+                "before_mb": before,
+            }
+        )
+    print(json.dumps(out))
 
 
 def floor(url: str) -> None:
@@ -286,29 +299,31 @@ def main() -> int:
                 f"with all its labels (one query) {prometheus_eval_ms(url, [whole]):.0f} ms"
             )
 
-            def fresh(flag: str) -> dict[str, Any]:
+            def fresh(flag: str) -> Any:
                 done = subprocess.run(
                     [sys.executable, __file__, flag, url], capture_output=True, text=True, check=True
                 )
-                return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+                return json.loads(done.stdout.strip().splitlines()[-1])
 
             for n in range(args.rounds):
                 f = fresh("--floor")
-                r = fresh("--round")
-                assert r["ok"], r["error"]
-                print(
-                    f"round {n + 1}: {r['wall_s']:.2f} s wall, {r['cpu_s']:.2f} s CPU; of which the query "
-                    f"(HTTP: Prometheus + transfer + decode) {r['query_s']:.2f} s; "
-                    f"peak RSS {r['peak_mb']:.0f} MB "
-                    f"(after start-up {r['before_mb']:.0f} MB); {r['series']:,} series, {r['matched']:,} "
-                    f"matched, {r['unmatched']} unmatched"
-                )
-                above = (r["peak_mb"] - r["before_mb"]) / max(f["peak_mb"] - f["before_mb"], 1)
+                rounds = fresh("--round")
+                for r, what in zip(rounds, ("devices read", "devices kept"), strict=True):
+                    assert r["ok"], r["error"]
+                    above = (r["peak_mb"] - r["before_mb"]) / max(f["peak_mb"] - f["before_mb"], 1)
+                    print(
+                        f"round {n + 1}, {what}: {r['wall_s']:.2f} s wall, {r['cpu_s']:.2f} s CPU; of which "
+                        f"the queries (HTTP: Prometheus + transfer + decode) {r['query_s']:.2f} s; peak RSS "
+                        f"{r['peak_mb']:.0f} MB (at its start {r['before_mb']:.0f} MB); "
+                        f"{r['series']:,} series, "
+                        f"{r['matched']:,} matched, {r['unmatched']} unmatched; round/floor CPU "
+                        f"{r['cpu_s'] / f['cpu_s']:.1f}x, memory above start {above:.1f}x"
+                    )
                 print(
                     f"  floor (the queries read and decoded, nothing else): {f['wall_s']:.2f} s wall, "
-                    f"{f['cpu_s']:.2f} s CPU, peak RSS {f['peak_mb']:.0f} MB; round/floor CPU "
-                    f"{r['cpu_s'] / f['cpu_s']:.1f}x, peak above start-up "
-                    f"{above:.1f}x; {load()}"
+                    f"{f['cpu_s']:.2f} s CPU, peak RSS {f['peak_mb']:.0f} MB "
+                    f"(at start {f['before_mb']:.0f} MB); "
+                    f"{load()}"
                 )
         finally:
             prom.terminate()
