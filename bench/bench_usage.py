@@ -6,7 +6,10 @@ Prometheus scraping the dcgm-exporter stand-in.
 
 Targets (issue 19): one sampling round (query + join + write) within 2 s of worker time and 300 MB; the
 heatmap's utilization data as fast as its allocation data (warm); the idle report over 7 days within 1 s.
-Prometheus's own query time is printed beside ours. The fleet plus synthetic claims (bench_heatmap: ~60% of
+Prometheus's own query time is printed beside ours. Baselines of the same run: the round's Prometheus
+queries alone, read and decoded in a fresh process (the floor of any round: ``--floor``); the allocation
+heatmap data; reading the week's holding ids (the floor of the idle report). The load average is printed
+at the start and the end. The fleet plus synthetic claims (bench_heatmap: ~60% of
 whole GPUs held, one in ten claims idle here) goes into the "bench-usage" cluster of DATABASE_URL (a scratch
 database: replaced unless --reuse). A private Prometheus (the ``prometheus`` binary, 30 s scrapes) scrapes the
 stand-in; each round runs in a fresh process so its peak RSS is the round's own.
@@ -23,7 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -153,8 +156,16 @@ def _high_water_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def _reset_high_water() -> None:
+    """Start VmHWM over from the current RSS (Linux: ``clear_refs`` value 5)."""
+    Path("/proc/self/clear_refs").write_text("5")
+
+
 def one_round(url: str) -> None:
-    """--round: one sampling round in this (fresh) process; prints seconds and peak RSS."""
+    """--round: two sampling rounds in this (fresh) process, a minute apart on the sampling clock; prints
+    seconds and peak RSS of each. The first reads the fleet's devices (a worker's first round, or one after
+    a slice changed), the second finds them kept (a worker's round while the slices are unchanged); the
+    peak is reset in between, so each is its own."""
     from django.conf import settings
 
     from usage.config import PrometheusConfig
@@ -164,26 +175,71 @@ def one_round(url: str) -> None:
 
     settings.CLAIMSCOPE_IDLE_WINDOW_MINUTES = 1
     cluster = Cluster.objects.get(name=CLUSTER)
+    source = PrometheusSource(PrometheusConfig(CLUSTER, url), timeout=60)
+    at = datetime.now(UTC)
+    out = []
+    for n in range(2):
+        if n:
+            _reset_high_water()
+        before = _high_water_mb()
+        cpu0, t0 = time.process_time(), time.perf_counter()
+        report = sample_cluster(cluster, source, at + timedelta(minutes=n), thresholds())
+        wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+        out.append(
+            {
+                "ok": report.ok,
+                "error": report.error,
+                "series": report.series,
+                "matched": report.matched,
+                "unmatched": report.unmatched,
+                "query_s": report.query_seconds,
+                "wall_s": wall,
+                "cpu_s": cpu,
+                "peak_mb": _high_water_mb(),
+                "before_mb": before,
+            }
+        )
+    print(json.dumps(out))
+
+
+def floor(url: str) -> None:
+    """--floor: only the round's Prometheus queries, read and decoded (no join, no database), in this
+    (fresh) process; prints seconds and peak RSS like --round."""
+    import orjson
+
+    from usage.config import PrometheusConfig
+    from usage.prometheus import METRICS, SHARDS, PrometheusSource, entity_query
+
+    source = PrometheusSource(PrometheusConfig(CLUSTER, url), timeout=60)
     before = _high_water_mb()
     cpu0, t0 = time.process_time(), time.perf_counter()
-    report = sample_cluster(
-        cluster, PrometheusSource(PrometheusConfig(CLUSTER, url), timeout=60), datetime.now(UTC), thresholds()
-    )
+    rows = 0
+    for metric, shard in ((m, part) for m in METRICS for part in SHARDS):
+        response = source.session.get(
+            f"{url}/api/v1/query", params={"query": entity_query(metric, shard=shard)}, timeout=60
+        )
+        rows += len(orjson.loads(response.content)["data"]["result"])
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-    peak = _high_water_mb()
-    figures = {
-        "ok": report.ok,
-        "error": report.error,
-        "series": report.series,
-        "matched": report.matched,
-        "unmatched": report.unmatched,
-        "query_s": report.query_seconds,
-        "wall_s": wall,
-        "cpu_s": cpu,
-        "peak_mb": peak,
-        "before_mb": before,
-    }
-    print(json.dumps(figures))
+    print(
+        json.dumps(
+            {"rows": rows, "wall_s": wall, "cpu_s": cpu, "peak_mb": _high_water_mb(), "before_mb": before}
+        )
+    )
+
+
+def prometheus_eval_ms(url: str, queries: list[str]) -> float:
+    """Prometheus's own evaluation time of the queries (``stats=all``), in ms."""
+    total = 0.0
+    for query in queries:
+        body = requests.get(
+            f"{url}/api/v1/query", params={"query": query, "stats": "all"}, timeout=120
+        ).json()
+        total += body["data"].get("stats", {}).get("timings", {}).get("evalTotalTime", 0) * 1000
+    return total
+
+
+def load() -> str:
+    return "load average " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def best_of(n: int, fn: Any) -> float:
@@ -200,10 +256,15 @@ def main() -> int:
     parser.add_argument("--reuse", action="store_true", help="keep an already ingested bench-usage cluster")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--round", metavar="PROMETHEUS_URL", help=argparse.SUPPRESS)
+    parser.add_argument("--floor", metavar="PROMETHEUS_URL", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.round:
         one_round(args.round)
         return 0
+    if args.floor:
+        floor(args.floor)
+        return 0
+    print(f"start: {load()}")
     slices, claims = fleet_objects()
     load_fleet(args.reuse, slices, claims)
     t0 = time.perf_counter()
@@ -228,28 +289,41 @@ def main() -> int:
         prom = private_prometheus(Path(tmp), exporter.port, port)
         try:
             wait_for_series(url, entities)
-            query = (
-                '{__name__=~"'
-                + "|".join([dcgm.ENGINE_ACTIVE, dcgm.GPU_UTIL, dcgm.FB_USED, dcgm.FB_FREE, dcgm.POWER])
-                + '"}'
+            from usage.prometheus import METRICS, SHARDS, entity_query
+
+            whole = '{__name__=~"' + "|".join(METRICS) + '"}'
+            print(
+                f"Prometheus's own evaluation: the round's {len(METRICS) * len(SHARDS)} queries "
+                f"{prometheus_eval_ms(url, [entity_query(m, shard=p) for m in METRICS for p in SHARDS]):.0f}"
+                " ms; every DCGM series "
+                f"with all its labels (one query) {prometheus_eval_ms(url, [whole]):.0f} ms"
             )
-            stats = requests.get(
-                f"{url}/api/v1/query", params={"query": query, "stats": "all"}, timeout=60
-            ).json()
-            timings = stats["data"].get("stats", {}).get("timings", {})
-            evaluation = timings.get("evalTotalTime", 0) * 1000
-            print(f"Prometheus's own evaluation of the round's query: {evaluation:.0f} ms")
-            for n in range(args.rounds):
+
+            def fresh(flag: str) -> Any:
                 done = subprocess.run(
-                    [sys.executable, __file__, "--round", url], capture_output=True, text=True, check=True
+                    [sys.executable, __file__, flag, url], capture_output=True, text=True, check=True
                 )
-                r = json.loads(done.stdout.strip().splitlines()[-1])
-                assert r["ok"], r["error"]
+                return json.loads(done.stdout.strip().splitlines()[-1])
+
+            for n in range(args.rounds):
+                f = fresh("--floor")
+                rounds = fresh("--round")
+                for r, what in zip(rounds, ("devices read", "devices kept"), strict=True):
+                    assert r["ok"], r["error"]
+                    above = (r["peak_mb"] - r["before_mb"]) / max(f["peak_mb"] - f["before_mb"], 1)
+                    print(
+                        f"round {n + 1}, {what}: {r['wall_s']:.2f} s wall, {r['cpu_s']:.2f} s CPU; of which "
+                        f"the queries (HTTP: Prometheus + transfer + decode) {r['query_s']:.2f} s; peak RSS "
+                        f"{r['peak_mb']:.0f} MB (at its start {r['before_mb']:.0f} MB); "
+                        f"{r['series']:,} series, "
+                        f"{r['matched']:,} matched, {r['unmatched']} unmatched; round/floor CPU "
+                        f"{r['cpu_s'] / f['cpu_s']:.1f}x, memory above start {above:.1f}x"
+                    )
                 print(
-                    f"round {n + 1}: {r['wall_s']:.2f} s wall, {r['cpu_s']:.2f} s CPU; of which the query "
-                    f"(HTTP: Prometheus + transfer) {r['query_s']:.2f} s; peak RSS {r['peak_mb']:.0f} MB "
-                    f"(after start-up {r['before_mb']:.0f} MB); {r['series']:,} series, {r['matched']:,} "
-                    f"matched, {r['unmatched']} unmatched"
+                    f"  floor (the queries read and decoded, nothing else): {f['wall_s']:.2f} s wall, "
+                    f"{f['cpu_s']:.2f} s CPU, peak RSS {f['peak_mb']:.0f} MB "
+                    f"(at start {f['before_mb']:.0f} MB); "
+                    f"{load()}"
                 )
         finally:
             prom.terminate()
@@ -269,11 +343,23 @@ def main() -> int:
     alloc_ms = best_of(5, lambda: client.get("/fleet/heatmap.json"))
     print(f"heatmap data, warm: utilization (/usage/gpus.json) {usage_ms:.0f} ms")
     print(f"heatmap data, warm: allocation (/fleet/heatmap.json) {alloc_ms:.0f} ms")
+    print(f"  utilization/allocation {usage_ms / alloc_ms:.2f}x")
+    from django.utils import timezone
+
+    from usage import selectors
     from usage.report import idle_report
 
     idle_ms = best_of(5, lambda: idle_report(since="7d"))
     report = idle_report(since="7d")
-    print(f"idle report over 7 days: {idle_ms:.0f} ms ({len(report['claims']):,} idle claims listed)")
+    now = timezone.now()
+    week = selectors.holdings(now - timedelta(days=7), now)
+    ids_ms = best_of(5, lambda: list(week.values_list("id", flat=True)))
+    print(
+        f"idle report over 7 days: {idle_ms:.0f} ms ({week.count():,} holdings, "
+        f"{len(report['claims']):,} idle claims listed); the week's holding ids alone {ids_ms:.0f} ms: "
+        f"{idle_ms / ids_ms:.1f}x"
+    )
+    print(f"end: {load()}")
     return 0
 
 

@@ -36,10 +36,18 @@ def gpu_cells(
     """The heatmap cells of one cluster (pure). ``active`` holds this round's value of every device it
     measured (None: no activity metric); ``idle_since`` the idle stretch of the held ones."""
     sums: dict[tuple[str, str], list[Any]] = {}
+    rows: dict[str, str] = {}  # node or pool -> heatmap row: one string built per node, not per device
     for d in devices:
         if d.minor is None:
             continue
-        cell = sums.setdefault((row_key(cluster, d.node or d.ref[1]), str(d.minor)), [0.0, False, 0])
+        where = d.node or d.ref[1]
+        row = rows.get(where)
+        if row is None:
+            row = rows[where] = row_key(cluster, where)
+        key = (row, str(d.minor))
+        cell = sums.get(key)
+        if cell is None:
+            cell = sums[key] = [0.0, False, 0]
         value = active.get(d.ref)
         if value is not None:
             cell[0] += value * d.gpu_fraction

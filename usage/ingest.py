@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.db import transaction
 
+from fleet.ingest import write_rows
 from fleet.models import Cluster
 from usage.cells import gpu_cells
 from usage.cells import store as store_cells
@@ -39,6 +41,39 @@ def record_failure(cluster: Cluster, at: datetime, error: str) -> None:
         state.save()
 
 
+# ClaimUsage's values that a round carries over from the holding's previous row.
+_CARRIED = (
+    "first_seen",
+    "last_seen",
+    "samples",
+    "gap_samples",
+    "active_sum",
+    "observed_seconds",
+    "idle_seconds",
+    "idle_since",
+    "node",
+    "model",
+    "profile",
+    "gpu_fraction",
+)
+_HOLDING_KEY = ("namespace", "claim", "driver", "pool", "device")
+WRITE_CHUNK = 5000  # rows per COPY: large enough for COPY's speed, small enough to bound memory
+CLAIM_CHUNK = 500  # claim names per IN list: far under SQLite's bound-parameter limit on any fleet size
+HoldingKey = tuple[str, str, str, str, str]  # namespace, claim, driver, pool, device
+
+
+def previous_holdings(cluster: Cluster, claims: Iterable[str]) -> dict[HoldingKey, dict[str, Any]]:
+    """The stored accounting of these claims' holdings, by (namespace, claim, driver, pool, device), read
+    as plain values (no model instances), a chunk of claim names per query."""
+    names = sorted(set(claims))
+    out: dict[HoldingKey, dict[str, Any]] = {}
+    for start in range(0, len(names), CLAIM_CHUNK):
+        rows = ClaimUsage.objects.filter(cluster=cluster, claim__in=names[start : start + CLAIM_CHUNK])
+        for row in rows.values(*_HOLDING_KEY, *_CARRIED):
+            out[(row["namespace"], row["claim"], row["driver"], row["pool"], row["device"])] = row
+    return out
+
+
 def record_round(
     cluster: Cluster,
     at: datetime,
@@ -50,20 +85,21 @@ def record_round(
     round_seconds: float,
 ) -> None:
     """Store a round: every measured or held device's latest values (a held device without a value is a
-    gap: ``active`` null), each holding's idle accounting, the trend points and the sampling state."""
+    gap: ``active`` null), each holding's idle accounting, the trend points and the sampling state.
+
+    Rows are written as plain values through ``fleet.ingest.write_rows`` (COPY on PostgreSQL): at 60,000
+    devices, Django's ``bulk_create`` spent seconds preparing fields one by one."""
     info = {d.ref: d for d in devices}
     with transaction.atomic():
         # Every holding of the claims held now, however long ago it was last seen (a Prometheus outage
         # must not restart a holding's accounting).
-        claims = sorted({claim for owners in held.values() for _, claim in owners})
-        previous = {
-            (h.namespace, h.claim, h.driver, h.pool, h.device): h
-            for h in ClaimUsage.objects.filter(cluster=cluster, claim__in=claims)
-        }
-        rows: list[DeviceUsage] = []
-        holdings: list[ClaimUsage] = []
+        previous = previous_holdings(cluster, (claim for owners in held.values() for _, claim in owners))
+        DeviceUsage.objects.filter(cluster=cluster).delete()
+        rows: list[dict[str, Any]] = []
+        holdings: list[dict[str, Any]] = []
+        idle: dict[DeviceRef, datetime] = {}
         trend: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0])
-        for ref in sorted(set(result.measured) | set(held)):
+        for ref in set(result.measured) | set(held):
             m = result.measured.get(ref)
             d = info.get(ref)
             active = m.active if m else None
@@ -71,9 +107,9 @@ def record_round(
             starts: list[datetime | None] = []
             for namespace, claim in owners:
                 h = previous.get((namespace, claim, *ref))
-                holding = _account(cluster, at, ref, d, namespace, claim, active, h, limits)
+                holding = account(cluster.pk, at, ref, d, namespace, claim, active, h, limits)
                 holdings.append(holding)
-                starts.append(holding.idle_since)
+                starts.append(holding["idle_since"])
                 if d is not None:
                     point = trend[(d.model, namespace)]
                     share = d.gpu_fraction / len(owners)
@@ -81,50 +117,41 @@ def record_round(
                     if active is not None:
                         point[1] += share
                         point[2] += share * active
-                        if holding.idle_since is not None and at - holding.idle_since >= limits.window:
+                        since = holding["idle_since"]
+                        if since is not None and at - since >= limits.window:
                             point[3] += share
             namespace, claim = owners[0] if owners else ("", "")
+            # A shared device is idle while every holder's stretch is: since the latest start.
+            idle_since = max(t for t in starts if t) if starts and None not in starts else None
+            if idle_since is not None:
+                idle[ref] = idle_since
             rows.append(
-                DeviceUsage(
-                    cluster=cluster,
-                    driver=ref[0],
-                    pool=ref[1],
-                    device=ref[2],
-                    gpu_uuid=m.gpu_uuid if m else (d.gpu_uuid if d else ""),
-                    instance_id=m.instance_id if m else "",
-                    matched_by=m.matched_by if m else "",
-                    namespace=namespace,
-                    claim=claim,
-                    active=active,
-                    fb_used_bytes=m.fb_used_bytes if m else None,
-                    fb_total_bytes=m.fb_total_bytes if m else None,
-                    power_watts=m.power_watts if m else None,
-                    sampled_at=at,
-                    # A shared device is idle while every holder's stretch is: since the latest start.
-                    idle_since=max(t for t in starts if t) if starts and None not in starts else None,
-                )
+                {
+                    "cluster_id": cluster.pk,
+                    "driver": ref[0],
+                    "pool": ref[1],
+                    "device": ref[2],
+                    "gpu_uuid": m.gpu_uuid if m else (d.gpu_uuid if d else ""),
+                    "instance_id": m.instance_id if m else "",
+                    "matched_by": m.matched_by if m else "",
+                    "namespace": namespace,
+                    "claim": claim,
+                    "active": active,
+                    "fb_used_bytes": m.fb_used_bytes if m else None,
+                    "fb_total_bytes": m.fb_total_bytes if m else None,
+                    "power_watts": m.power_watts if m else None,
+                    "sampled_at": at,
+                    "idle_since": idle_since,
+                }
             )
-        DeviceUsage.objects.filter(cluster=cluster).delete()
-        DeviceUsage.objects.bulk_create(rows, batch_size=2000)
-        ClaimUsage.objects.bulk_create(
-            holdings,
-            batch_size=2000,
-            update_conflicts=True,
-            unique_fields=["cluster", "namespace", "claim", "driver", "pool", "device"],
-            update_fields=[
-                "node",
-                "model",
-                "profile",
-                "gpu_fraction",
-                "last_seen",
-                "samples",
-                "gap_samples",
-                "active_sum",
-                "observed_seconds",
-                "idle_seconds",
-                "idle_since",
-            ],
-        )
+            if len(rows) >= WRITE_CHUNK:  # written as they come: a round's rows never all in memory
+                write_rows(DeviceUsage, rows)
+                rows = []
+            if len(holdings) >= WRITE_CHUNK:
+                write_rows(ClaimUsage, holdings, conflict=_HOLDING_CONFLICT)
+                holdings = []
+        write_rows(DeviceUsage, rows)
+        write_rows(ClaimUsage, holdings, conflict=_HOLDING_CONFLICT)
         minute = at.replace(second=0, microsecond=0)
         UsageTrend.objects.bulk_create(
             [
@@ -148,7 +175,7 @@ def record_round(
             cluster.name,
             devices,
             {ref: m.active for ref, m in result.measured.items()},
-            {(r.driver, r.pool, r.device): r.idle_since for r in rows if r.idle_since},
+            idle,
             at,
             limits.window,
         )
@@ -166,47 +193,56 @@ def record_round(
         state.save()
 
 
-def _account(
-    cluster: Cluster,
+_HOLDING_CONFLICT = ("cluster_id", "namespace", "claim", "driver", "pool", "device")
+
+
+def account(
+    cluster_id: int,
     at: datetime,
     ref: DeviceRef,
     d: DeviceInfo | None,
     namespace: str,
     claim: str,
     active: float | None,
-    h: ClaimUsage | None,
+    previous: Mapping[str, Any] | None,
     limits: Thresholds,
-) -> ClaimUsage:
-    """The holding's row after this round (pure apart from building the object)."""
-    if h is None:
-        h = ClaimUsage(
-            cluster=cluster,
-            namespace=namespace,
-            claim=claim,
-            driver=ref[0],
-            pool=ref[1],
-            device=ref[2],
-            first_seen=at,
-            last_seen=at,
-            gpu_fraction=1.0,
-        )
+) -> dict[str, Any]:
+    """The holding's row after this round (pure): ``previous`` is its stored row (``_CARRIED``), None
+    for a holding seen for the first time."""
+    if previous is None:
+        h: dict[str, Any] = {
+            "first_seen": at,
+            "last_seen": at,
+            "samples": 0,
+            "gap_samples": 0,
+            "active_sum": 0.0,
+            "observed_seconds": 0.0,
+            "idle_seconds": 0.0,
+            "idle_since": None,
+            "node": "",
+            "model": "",
+            "profile": "",
+            "gpu_fraction": 1.0,
+        }
         elapsed = 0.0
     else:
-        elapsed = min((at - h.last_seen).total_seconds(), 2 * limits.interval.total_seconds())
-    h.node = d.node if d else h.node
-    h.model = d.model if d else (h.model or "")
-    h.profile = d.profile if d else h.profile
-    h.gpu_fraction = d.gpu_fraction if d else h.gpu_fraction
-    h.last_seen = at
+        h = {name: previous[name] for name in _CARRIED}
+        elapsed = min((at - h["last_seen"]).total_seconds(), 2 * limits.interval.total_seconds())
+    h.update(
+        cluster_id=cluster_id, namespace=namespace, claim=claim, driver=ref[0], pool=ref[1], device=ref[2]
+    )
+    if d is not None:
+        h.update(node=d.node, model=d.model, profile=d.profile, gpu_fraction=d.gpu_fraction)
+    h["last_seen"] = at
     if active is None:
-        h.gap_samples += 1  # a gap: neither idle nor busy, and the idle stretch neither starts nor ends
+        h["gap_samples"] += 1  # a gap: neither idle nor busy, and the idle stretch neither starts nor ends
         return h
-    h.samples += 1
-    h.active_sum += active
-    h.observed_seconds += elapsed
+    h["samples"] += 1
+    h["active_sum"] += active
+    h["observed_seconds"] += elapsed
     if active < limits.below:
-        h.idle_seconds += elapsed
-        h.idle_since = h.idle_since or at
+        h["idle_seconds"] += elapsed
+        h["idle_since"] = h["idle_since"] or at
     else:
-        h.idle_since = None
+        h["idle_since"] = None
     return h

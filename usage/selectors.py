@@ -6,9 +6,11 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
-from django.db.models import Q, QuerySet
+from django.db.models import Count, Exists, F, Max, Min, OuterRef, Q, QuerySet, Sum
 
+from fleet.models import Cluster
 from usage.models import ClaimUsage, DeviceUsage, SamplingState, UsageTrend
 
 
@@ -70,42 +72,91 @@ def idle_claims(
     activity below ``below_percent`` over the samples taken. Largest waste first.
 
     Idle GPU-hours are counted over each holding's life (the rounds that saw it allocated); a device's
-    share is its fraction of a GPU (a 1g MIG slice is 1/7). Gaps count as neither idle nor busy."""
-    grouped: dict[tuple[str, str, str], list[ClaimUsage]] = defaultdict(list)
-    for h in holdings(since, until, clusters, visible).select_related("cluster").order_by("device"):
-        grouped[(h.cluster.name, h.namespace, h.claim)].append(h)
-    out: list[IdleClaim] = []
-    for (cluster, namespace, claim), rows in grouped.items():
-        samples = sum(r.samples for r in rows)
-        mean = (sum(r.active_sum for r in rows) / samples * 100.0) if samples else None
-        starts = [r.idle_since for r in rows]
-        idle_since = max(t for t in starts if t) if starts and None not in starts else None
-        held_now = max(r.last_seen for r in rows)
+    share is its fraction of a GPU (a 1g MIG slice is 1/7). Gaps count as neither idle nor busy.
+
+    Two queries: the database sums the holdings per claim (a week holds tens of thousands of holdings
+    on a large fleet; reading them row by row was seconds), then the devices of the claims listed."""
+    per_claim = (
+        holdings(since, until, clusters, visible)
+        .order_by()
+        .values("cluster_id", "namespace", "claim")
+        .annotate(
+            n=Count("id"),
+            samples_=Sum("samples"),
+            active_=Sum("active_sum"),
+            idle_known=Count("idle_since"),  # holdings with an idle stretch under way
+            idle_since_=Max("idle_since"),
+            last_seen_=Max("last_seen"),
+            first_seen_=Min("first_seen"),
+            gpus_=Sum("gpu_fraction"),
+            idle_weighted=Sum(F("idle_seconds") * F("gpu_fraction")),
+            observed=Max("observed_seconds"),
+            gaps=Sum("gap_samples"),
+        )
+    )
+    names = dict(Cluster.objects.values_list("pk", "name"))
+    found: dict[tuple[int, str, str], IdleClaim] = {}
+    for row in per_claim:
+        samples = row["samples_"] or 0
+        mean = (row["active_"] / samples * 100.0) if samples else None
+        # A claim's devices are idle together while every one has a stretch under way: since the latest.
+        idle_since = row["idle_since_"] if row["idle_known"] == row["n"] else None
+        held_now = row["last_seen_"]
         idle_now = idle_since is not None and held_now - idle_since >= window
         if not idle_now and (mean is None or mean >= below_percent):
             continue
-        out.append(
-            IdleClaim(
-                cluster=cluster,
-                namespace=namespace,
-                claim=claim,
-                model=rows[0].model,
-                profile=rows[0].profile,
-                nodes=sorted({r.node for r in rows if r.node}),
-                devices=len(rows),
-                gpus=round(sum(r.gpu_fraction for r in rows), 3),
-                idle_since=idle_since,
-                idle_gpu_hours=round(sum(r.idle_seconds * r.gpu_fraction for r in rows) / 3600.0, 3),
-                observed_hours=round(max(r.observed_seconds for r in rows) / 3600.0, 3),
-                mean_active_percent=None if mean is None else round(mean, 2),
-                gap_samples=sum(r.gap_samples for r in rows),
-                first_seen=min(r.first_seen for r in rows),
-                last_seen=held_now,
-                device_names=[f"{r.pool}/{r.device}" for r in rows],
-            )
+        key = (row["cluster_id"], row["namespace"], row["claim"])
+        found[key] = IdleClaim(
+            cluster=names.get(row["cluster_id"], ""),
+            namespace=row["namespace"],
+            claim=row["claim"],
+            model="",
+            profile="",
+            nodes=[],
+            devices=row["n"],
+            gpus=round(row["gpus_"], 3),
+            idle_since=idle_since,
+            idle_gpu_hours=round((row["idle_weighted"] or 0.0) / 3600.0, 3),
+            observed_hours=round((row["observed"] or 0.0) / 3600.0, 3),
+            mean_active_percent=None if mean is None else round(mean, 2),
+            gap_samples=row["gaps"] or 0,
+            first_seen=row["first_seen_"],
+            last_seen=held_now,
         )
+    _add_devices(found, since, until, clusters, visible)
+    out = list(found.values())
     out.sort(key=lambda c: (-c.idle_gpu_hours, -c.gpus, c.namespace, c.claim))
     return out
+
+
+CLAIM_CHUNK = 500  # claim names per IN list: far under SQLite's bound-parameter limit
+
+
+def _add_devices(
+    found: dict[tuple[int, str, str], IdleClaim],
+    since: datetime,
+    until: datetime,
+    clusters: Iterable[int] | None,
+    visible: Q | None,
+) -> None:
+    """Model, profile (of the first device by name), nodes and device names of the claims found."""
+    names = sorted({claim for _, _, claim in found})
+    nodes: dict[tuple[int, str, str], set[str]] = defaultdict(set)
+    for start in range(0, len(names), CLAIM_CHUNK):
+        rows = holdings(since, until, clusters, visible).filter(claim__in=names[start : start + CLAIM_CHUNK])
+        for cluster_id, namespace, claim, model, profile, node, pool, device in rows.order_by(
+            "device"
+        ).values_list("cluster_id", "namespace", "claim", "model", "profile", "node", "pool", "device"):
+            c = found.get((cluster_id, namespace, claim))
+            if c is None:
+                continue  # a claim of the same name elsewhere
+            if not c.device_names:
+                c.model, c.profile = model, profile
+            c.device_names.append(f"{pool}/{device}")
+            if node:
+                nodes[(cluster_id, namespace, claim)].add(node)
+    for key, c in found.items():
+        c.nodes = sorted(nodes.get(key, ()))
 
 
 def add_blocked(
@@ -114,38 +165,67 @@ def add_blocked(
     """Count, for each idle claim, the claims that waited for its model while it sat idle: pending for
     lack of capacity (their diagnosis found devices of that model, fewer free than needed) between its
     idle start (or first sample) and its last sample. Waiting claims the viewer may not see are counted,
-    not named."""
+    not named.
+
+    A cause's ``last_seen`` is its claim's last *diagnosis*, not the end of its wait: diagnoses run when
+    the fleet changes, and a fleet whose GPUs sit idle may not change for hours. A claim that is still
+    pending therefore waits until now under the cause it was last given (its latest row)."""
     if not claims:
         return
-    # Through the app registry: pending causes are the claims app's, and usage reads them, never imports.
     from claims.models import PendingCause as cause
+    from fleet.models import ResourceClaim
 
     since = min(c.idle_since or c.first_seen for c in claims)
     until = max(c.last_seen for c in claims)
-    waiting: list[tuple[str, str, str, datetime, datetime, set[str]]] = []
-    rows = cause.objects.filter(category="capacity", last_seen__gte=since, first_seen__lte=until)
-    for cluster, namespace, name, first, last, result in rows.values_list(
-        "cluster__name", "namespace", "name", "first_seen", "last_seen", "result"
+    pending_now = ResourceClaim.objects.filter(
+        cluster_id=OuterRef("cluster_id"), uid=OuterRef("uid"), state="pending"
+    )
+    rows = (
+        cause.objects.filter(category="capacity", first_seen__lte=until)
+        .annotate(pending_now=Exists(pending_now))
+        .filter(Q(last_seen__gte=since) | Q(pending_now=True))
+    )
+    latest: dict[tuple[str, str], datetime] = {}  # a still-pending claim's current cause: its latest row
+    found: list[tuple[str, str, str, str, datetime, datetime, bool, set[str]]] = []
+    for cluster, uid, namespace, name, first, last, still, result in rows.values_list(
+        "cluster__name", "uid", "namespace", "name", "first_seen", "last_seen", "pending_now", "result"
     ):
-        models = {
-            str(g.get("model", ""))
-            for r in (result or {}).get("requests", [])
-            for g in r.get("groups", [])
-            # Devices of the model match, but fewer are free than the request needs.
-            if g.get("matching") and int(g.get("free") or 0) < int(r.get("count") or 1)
-        }
-        waiting.append((cluster, namespace, name, first, last, models))
+        found.append((cluster, uid, namespace, name, first, last, still, waited_for(result or {})))
+        if still:
+            latest[(cluster, uid)] = max(latest.get((cluster, uid), last), last)
+    waiting: list[tuple[str, str, str, datetime, datetime | None, set[str]]] = [
+        # None: waiting still, up to now
+        (cluster, namespace, name, first, None if still and latest[(cluster, uid)] == last else last, models)
+        for cluster, uid, namespace, name, first, last, still, models in found
+    ]
     for c in claims:
         start = c.idle_since or c.first_seen
         names = sorted(
             {
                 (ns, name)
                 for cluster, ns, name, first, last, models in waiting
-                if cluster == c.cluster and c.model in models and first <= c.last_seen and last >= start
+                if cluster == c.cluster
+                and c.model in models
+                and first <= c.last_seen
+                and (last is None or last >= start)
             }
         )
         c.blocked = len(names)
         c.blocked_examples = [f"{ns}/{n}" for ns, n in names if allows is None or allows(c.cluster, ns)][:5]
+
+
+def waited_for(result: dict[str, Any]) -> set[str]:
+    """The models a diagnosed claim waited for: devices of the model match a request, but fewer are free
+    than it needs (all the matching ones, for an ``All`` request)."""
+    models = set()
+    for r in result.get("requests", []):
+        count = r.get("count")
+        for g in r.get("groups", []):
+            matching = int(g.get("matching") or 0)
+            need = matching if count == "All" else int(count or 1)
+            if matching and int(g.get("free") or 0) < need:
+                models.add(str(g.get("model", "")))
+    return models
 
 
 def waste(claims: Iterable[IdleClaim]) -> list[Waste]:

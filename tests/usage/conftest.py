@@ -79,8 +79,8 @@ def scraped(prometheus_url, exporter) -> Iterator[Callable[[int], PrometheusSour
 
         def wait(n: int) -> PrometheusSource:
             def seen() -> bool:
-                samples, _ = source.samples()
-                return len({s.labels.get("UUID", "") + s.labels.get("GPU_I_ID", "") for s in samples}) >= n
+                found = source.entities().entities
+                return len({e.labels.get("UUID", "") + e.labels.get("GPU_I_ID", "") for e in found}) >= n
 
             prom.wait_for(seen, f"{n} DCGM entities scraped from the stand-in on port {exporter.port}")
             return source

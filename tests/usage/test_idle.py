@@ -78,6 +78,31 @@ def test_the_claims_that_waited_for_the_idle_model_are_counted(sampled, api):
     assert "while 1 claims waited for B200" in out.getvalue()
 
 
+def test_a_claim_still_pending_waits_until_now_though_last_diagnosed_before_the_idle_stretch(sampled, api):
+    from claims.tasks import _recompute
+
+    # Diagnosed once, an hour before the first round; nothing changed since, so no diagnosis ran again
+    # (the demo: the weekend's diagnoses, then a quiet fleet). finetune-0 is still pending.
+    _recompute(sampled.name, (timezone.now() - timedelta(hours=2)).isoformat())
+    claim = api.get("/api/v1/idle/").json()["claims"][0]
+    assert claim["claim"].startswith("notebook-x")
+    assert claim["blocked"] == 1
+    assert claim["blocked_examples"][0].startswith("ml-train/finetune-0")
+
+
+def test_a_claim_no_longer_pending_counts_only_while_it_was_diagnosed(sampled, api):
+    from claims.tasks import _recompute
+    from fleet import ingest as fleet_ingest
+    from fleet.models import ResourceClaim
+    from fleet.normalize import normalize
+
+    _recompute(sampled.name, (timezone.now() - timedelta(hours=2)).isoformat())
+    waiting = ResourceClaim.objects.get(cluster=sampled, name__startswith="finetune-0")
+    change = fleet_ingest.Change("delete", normalize("ResourceClaim", waiting.raw))
+    fleet_ingest.apply_batch(sampled, "ResourceClaim", [change])  # gone before notebook-x's first round
+    assert api.get("/api/v1/idle/").json()["claims"][0]["blocked"] == 0
+
+
 def test_the_below_threshold_lists_claims_by_mean_activity(sampled, api):
     names = {c["claim"].rsplit("-", 3)[0] for c in api.get("/api/v1/idle/?below=100").json()["claims"]}
     assert names == {"notebook-x", "pretrain-0", "chat-1g-00", "chat-1g-01", "chat-2g-00"}

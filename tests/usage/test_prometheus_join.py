@@ -89,8 +89,9 @@ def test_a_restarted_exporter_leaves_a_gap_not_zero(cluster, scraped, exporter, 
     exporter.stop()
 
     def stale() -> bool:
-        samples, _ = source.samples()
-        return not samples  # Prometheus marks a dead target's series stale at its next scrape
+        return (
+            not source.entities().entities
+        )  # Prometheus marks a dead target's series stale at its next scrape
 
     prom.wait_for(stale, "the stopped exporter's series to go stale")
     assert sample_cluster(cluster, source, start + timedelta(minutes=1), LIMITS).ok
@@ -110,7 +111,7 @@ def test_prometheus_stopped_mid_run_degrades_and_recovers(cluster, exporter, tmp
     private.start()
     try:
         source = PrometheusSource(PrometheusConfig(CLUSTER, private.url), timeout=3)
-        prom.wait_for(lambda: len(source.samples()[0]) > 0, "the private Prometheus's first scrape")
+        prom.wait_for(lambda: source.entities().entities, "the private Prometheus's first scrape")
         start = timezone.now()
         assert sample_cluster(cluster, source, start, LIMITS).ok
         before = _usage(cluster, "b200", "gpu-3").active
@@ -125,7 +126,7 @@ def test_prometheus_stopped_mid_run_degrades_and_recovers(cluster, exporter, tmp
         assert selectors.unavailable_since() == start + timedelta(minutes=1)
 
         private.start()
-        prom.wait_for(lambda: len(source.samples()[0]) > 0, "the restarted Prometheus's first scrape")
+        prom.wait_for(lambda: source.entities().entities, "the restarted Prometheus's first scrape")
         assert sample_cluster(cluster, source, start + timedelta(minutes=2), LIMITS).ok
         state.refresh_from_db()
         assert state.unavailable_since is None and state.last_error == ""
