@@ -33,8 +33,9 @@ from django.test import Client  # noqa: E402
 from django.test.utils import CaptureQueriesContext  # noqa: E402
 from rest_framework.renderers import JSONRenderer  # noqa: E402
 
-from fleet import api_selectors, ingest  # noqa: E402
-from fleet.api_serializers import DeviceRow  # noqa: E402
+from fleet import ingest  # noqa: E402
+from fleet.api import selectors as api_selectors  # noqa: E402
+from fleet.api.serializers import DeviceRow  # noqa: E402
 from fleet.importer import import_objects  # noqa: E402
 from fleet.models import Cluster, Device  # noqa: E402
 from simulator.cluster import SimulatedCluster  # noqa: E402

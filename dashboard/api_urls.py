@@ -12,8 +12,8 @@ from rest_framework.routers import SimpleRouter
 from claims.api import diagnosis as diagnosis_api
 from claims.api import triage as api_triage
 from claims.api import views as claims_api
-from fleet import api as fleet_api
-from fleet import api_tokens
+from fleet.api import tokens as api_tokens
+from fleet.api import views as fleet_api
 from usage import api as usage_api
 
 app_name = "api"

@@ -211,7 +211,7 @@ if WHITENOISE_USE_FINDERS:
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "fleet.api_tokens.ApiTokenAuthentication",
+        "fleet.api.tokens.ApiTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
@@ -223,7 +223,7 @@ REST_FRAMEWORK = {
     "DEFAULT_THROTTLE_RATES": {
         "anon": env_str("API_THROTTLE_ANON", "60/min"),
         "user": env_str("API_THROTTLE_USER", "1200/min"),
-        # Rejected API tokens per client address (fleet.api_tokens): guessing stays slow.
+        # Rejected API tokens per client address (fleet.api.tokens): guessing stays slow.
         "invalid_token": env_str("API_THROTTLE_INVALID_TOKEN", "10/min"),
     },
     # Throttles key on REMOTE_ADDR, which TrustedProxyMiddleware already resolved; with the default (None)
@@ -252,7 +252,7 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_SETTINGS": {"deepLinking": True, "validatorUrl": None},
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
-        "fleet.api_schema.add_error_responses",
+        "fleet.api.schema.add_error_responses",
     ],
     "SWAGGER_UI_DIST": "SIDECAR",  # swagger-ui served from our static files, never a CDN
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",

@@ -238,7 +238,7 @@ class ApiToken(models.Model):
     """A user's API token, stored as its SHA-256 digest: the key itself is shown once, at creation.
 
     A plain hash (no salt, no key stretching) is enough because the key is 256 random bits, not a password:
-    nothing to guess, and lookups stay one indexed query. Written by ``fleet.api_tokens`` only (the
+    nothing to guess, and lookups stay one indexed query. Written by ``fleet.api.tokens`` only (the
     authentication class there stamps ``last_used_at``).
     """
 

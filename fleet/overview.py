@@ -380,7 +380,9 @@ def load_cluster_overviews(filters: FleetFilter, cluster_names: Mapping[int, str
     cache entry instead of aggregating the whole fleet again. After a change, one request computes the new
     counts; requests arriving meanwhile get the previous version's (at most ``OVERVIEW_STALE_SECONDS``
     old), so a fleet under churn costs one computation at a time, not one per request."""
-    from fleet import api_selectors  # the summary's fleet version: it changes with every slice or claim
+    from fleet.api import (
+        selectors as api_selectors,  # the summary's fleet version: it changes with every slice or claim
+    )
 
     nodes = None
     if filters.label:

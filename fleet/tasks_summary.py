@@ -15,7 +15,7 @@ from typing import Any
 from celery import shared_task
 from django.core.cache import cache
 
-from fleet import api_selectors
+from fleet.api import selectors as api_selectors
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from fleet.access.visibility import visibility_for
-from fleet.api_base import StrictContentNegotiation, reject_empty
+from fleet.api.base import StrictContentNegotiation, reject_empty
 from usage.report import SECTIONS, WindowError, idle_report, section_rows
 from usage.trends import GROUPS, trend_rows
 from web.renderers import CSVRenderer, ORJSONRenderer

@@ -12,7 +12,7 @@ from django.db.models import Q
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from fleet.api_base import parse_duration
+from fleet.api.base import parse_duration
 from fleet.models import Cluster
 from usage import selectors
 

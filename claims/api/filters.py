@@ -8,8 +8,8 @@ from django.db.models import QuerySet
 from django_filters import rest_framework as filters
 
 from claims.api import selectors as api_selectors
-from fleet.api_base import DurationFilter, MinAgeFilter
-from fleet.api_filters import KubeFilter
+from fleet.api.base import DurationFilter, MinAgeFilter
+from fleet.api.filters import KubeFilter
 from fleet.models import Pod, ResourceClaim, SchedulingEvent
 
 

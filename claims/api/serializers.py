@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rest_framework import serializers as s
 
-from fleet.api_serializers import KubeRow
+from fleet.api.serializers import KubeRow
 from fleet.models import ResourceClaim
 
 

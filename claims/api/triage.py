@@ -20,7 +20,7 @@ from claims.triage.report import SECTIONS, section_rows
 from claims.triage.selectors import report
 from claims.triage.window import WindowError
 from fleet.access.visibility import visibility_for
-from fleet.api_base import StrictContentNegotiation, reject_empty
+from fleet.api.base import StrictContentNegotiation, reject_empty
 from web.renderers import CSVRenderer, ORJSONRenderer
 
 PARAMETERS = ("since", "until", "cluster", "section", "format")

@@ -10,7 +10,7 @@ from claims.api import filters as api_filters
 from claims.api import selectors as api_selectors
 from claims.api import serializers as rows
 from fleet.access.visibility import redact_text, visibility_for
-from fleet.api_base import ValuesListViewSet, ValuesViewSet
+from fleet.api.base import ValuesListViewSet, ValuesViewSet
 from fleet.models import Pod, SchedulingEvent
 
 NAMESPACED = ("id", "cluster__name", "cluster_id", "uid", "namespace", "name", "created_at")

@@ -54,7 +54,7 @@ def api(user):
 @pytest.fixture
 def token(user):
     """A new API token's key (as shown once on the token page)."""
-    from fleet.api_tokens import create_token
+    from fleet.api.tokens import create_token
 
     return create_token(user)
 

@@ -79,7 +79,8 @@ class TestOnTheFixtureFleet:
         assert body["clusters"] == [] and body["total"]["devices"] == 0
 
     def test_summary_follows_ingest_through_a_warm_task_never_computed_on_the_request(self, api, monkeypatch):
-        from fleet import api_selectors, ingest, tasks_summary
+        from fleet import ingest, tasks_summary
+        from fleet.api import selectors as api_selectors
         from fleet.models import Cluster, ResourceClaim
         from fleet.normalize import normalize
 
@@ -103,7 +104,7 @@ class TestOnTheFixtureFleet:
         assert api.get("/api/v1/summary/").json()["total"]["allocated"] == before - 1
 
     def test_a_clusters_summary_is_its_part_of_the_whole(self, api):
-        from fleet import api_selectors
+        from fleet.api import selectors as api_selectors
         from fleet.models import Cluster
 
         cid = Cluster.objects.get(name="fixtures").pk

@@ -14,7 +14,8 @@ import pytest
 from django.core.cache import cache
 from django.core.management import call_command
 
-from fleet import api_selectors, selectors
+from fleet import selectors
+from fleet.api import selectors as api_selectors
 from fleet.models import Device
 from fleet.quantity import format_bytes
 from tests.fleet_pages.conftest import FleetEditor

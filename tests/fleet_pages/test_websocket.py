@@ -237,7 +237,7 @@ async def test_a_delta_the_database_could_not_answer_logs_one_line_and_the_next_
     assert connected
     await ws.receive_json_from(timeout=10)
     real_delta = feed.FleetFeed.delta
-    failures = []
+    failures: list[int] = []
 
     def delta_once_unanswered(self, *args, **kwargs):
         if not failures:

@@ -11,7 +11,7 @@ from django.core.cache import cache
 from django.test import Client
 
 from fleet.access.visibility import grant_all_namespaces
-from fleet.api_tokens import create_token
+from fleet.api.tokens import create_token
 from fleet.models import AuditEvent
 
 PASSWORD = "correct horse battery staple"

@@ -6,7 +6,7 @@ from datetime import timedelta
 
 import pytest
 
-from fleet.api_base import MAX_DURATION, parse_duration
+from fleet.api.base import MAX_DURATION, parse_duration
 
 
 @pytest.mark.parametrize(

@@ -31,7 +31,7 @@ def add_error_responses(result: dict[str, Any], generator: Any, request: Any, pu
                     parameter["schema"] = {"type": "integer", "minimum": 1}
                 schema = parameter.get("schema", {})
                 if parameter.get("in") == "query" and schema.get("type") == "string" and "enum" not in schema:
-                    schema.setdefault("minLength", 1)  # an empty value is a 400 (fleet.api_base.reject_empty)
+                    schema.setdefault("minLength", 1)  # an empty value is a 400 (fleet.api.base.reject_empty)
             codes = ["401", "403", "406", "429"]
             if operation.get("parameters"):
                 codes.append("400")

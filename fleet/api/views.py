@@ -14,10 +14,12 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from fleet import api_filters, api_selectors, feed, heatmap
-from fleet import api_serializers as rows
+from fleet import feed, heatmap
 from fleet.access.visibility import redact_heatmap_rows, visibility_for
-from fleet.api_base import StrictContentNegotiation, ValuesListViewSet, ValuesViewSet, reject_empty
+from fleet.api import filters as api_filters
+from fleet.api import selectors as api_selectors
+from fleet.api import serializers as rows
+from fleet.api.base import StrictContentNegotiation, ValuesListViewSet, ValuesViewSet, reject_empty
 from fleet.filters import PARAMETERS, STATES, FilterError, parse_filters
 from fleet.models import AllocationSample, Cluster, Device, DeviceClass, Node, WatchCursor, stream_status
 from web.renderers import ORJSONRenderer

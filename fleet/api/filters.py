@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django_filters import rest_framework as filters
 
-from fleet.api_base import BooleanFilter, MinAgeFilter, UtcDateTimeFilter
+from fleet.api.base import BooleanFilter, MinAgeFilter, UtcDateTimeFilter
 from fleet.models import AllocationSample, Device, Node, ResourceSlice, WatchCursor
 
 

@@ -1,6 +1,6 @@
 """The shapes of the fleet endpoints' rows, for the OpenAPI schema.
 
-Rows are built from ``values()`` (see ``fleet.api_base``); these serializers describe them exactly (types,
+Rows are built from ``values()`` (see ``fleet.api.base``); these serializers describe them exactly (types,
 nullability), and schemathesis checks every response against them.
 """
 
