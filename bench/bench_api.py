@@ -75,9 +75,9 @@ def load_fleet(reuse: bool) -> None:
 def summary_after_a_change(get: Any) -> float:
     """One claim re-ingested (a fleet change): the next requests are served the previous summary while
     the warm task (run here as the Celery worker would) computes the new one; then from the cache."""
-    from fleet import tasks_summary
     from fleet.models import ResourceClaim
     from fleet.normalize import normalize
+    from fleet.tasks import summary as tasks_summary
 
     cluster = Cluster.objects.get(name=CLUSTER)
     claim = ResourceClaim.objects.filter(cluster=cluster).order_by("id").first()

@@ -683,7 +683,7 @@ def main() -> int:
 
         wait_for("the initial sync", converged, 900)
         t_done = time.time()
-        t_first = first_received(run_dir / "worker-watch.log", "fleet.tasks.watch_stream")
+        t_first = first_received(run_dir / "worker-watch.log", "fleet.tasks.watch.watch_stream")
         sync: Obj = {
             "from_spawn_s": round(t_done - t_spawn, 1),
             "from_first_stream_s": round(t_done - t_first, 1) if t_first else None,

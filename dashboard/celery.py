@@ -62,9 +62,9 @@ class StopRoundsStep(bootsteps.StartStopStep):
     requires = ("celery.worker.components:Pool",)
 
     def _stop_rounds(self, worker: Any) -> None:
-        from fleet import tasks  # here: the app module is loaded before Django apps are ready
+        from fleet.tasks import watch  # here: the app module is loaded before Django apps are ready
 
-        tasks.stop_rounds()
+        watch.stop_rounds()
 
     close = stop = shutdown = terminate = _stop_rounds
 

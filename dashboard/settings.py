@@ -155,11 +155,11 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 # replaced by a fresh one; the peak during a task is not limited (bench/README.md "Memory of the diagnosis
 # task": the L fleet's recompute peaks at about 0.6 GB).
 CELERY_WORKER_MAX_MEMORY_PER_CHILD = env_int("CLAIMSCOPE_WORKER_MAX_MEMORY_MB", 1536, minimum=64) * 1024
-# Watchers (fleet/tasks.py, docs/watchers.md): one stream per (cluster, kind) on the "watch" queue.
-CELERY_TASK_ROUTES = {"fleet.tasks.*": {"queue": "watch"}}
+# Watchers (fleet/tasks/watch.py, docs/watchers.md): one stream per (cluster, kind) on the "watch" queue.
+CELERY_TASK_ROUTES = {"fleet.tasks.watch.*": {"queue": "watch"}}
 CELERY_BEAT_SCHEDULE = {
     "restart-lapsed-streams": {
-        "task": "fleet.tasks.restart_lapsed_streams",
+        "task": "fleet.tasks.watch.restart_lapsed_streams",
         # With the 10 s lock: a lost worker's streams run again within about 10-13 s (docs/watchers.md).
         "schedule": float(env_int("CLAIMSCOPE_WATCH_BEAT_SECONDS", 3, minimum=1)),
     }
@@ -174,12 +174,12 @@ CLAIMSCOPE_WORKER_ALIVE_FILE = env_str("CLAIMSCOPE_WORKER_ALIVE_FILE", "")
 # Build the heatmap's GPU cache in the background when the ASGI server starts (fleet.feed.warm), so the
 # first page after a deploy does not pay the one full read of the fleet (seconds on 40k GPUs).
 CLAIMSCOPE_WARM_HEATMAP = env_bool("CLAIMSCOPE_WARM_HEATMAP", False)
-# Allocation history (fleet/tasks_history.py): a sample a minute, downsampling hourly.
+# Allocation history (fleet/tasks/history.py): a sample a minute, downsampling hourly.
 # Not `tasks` modules: autodiscovery does not find them.
-CELERY_IMPORTS: tuple[str, ...] = ("fleet.tasks_history",)
+CELERY_IMPORTS: tuple[str, ...] = ("fleet.tasks.history",)
 CELERY_BEAT_SCHEDULE |= {
-    "history-sample": {"task": "fleet.tasks_history.sample_allocation", "schedule": 60.0},
-    "history-downsample": {"task": "fleet.tasks_history.downsample_history", "schedule": 3600.0},
+    "history-sample": {"task": "fleet.tasks.history.sample_allocation", "schedule": 60.0},
+    "history-downsample": {"task": "fleet.tasks.history.downsample_history", "schedule": 3600.0},
     # Claim history (claims/history.py) and kept pending causes: older than the retention go, daily.
     "claim-history-prune": {"task": "claims.tasks.prune_claim_history", "schedule": 86400.0},
 }

@@ -8,7 +8,7 @@ class FleetConfig(AppConfig):
     def ready(self) -> None:
         import fleet.ingest  # registers the cluster-scoped kinds' table specs
         from fleet import namespaced_kinds
-        from fleet.tasks_summary import on_fleet_change
+        from fleet.tasks.summary import on_fleet_change
 
         namespaced_kinds.register_all()
         # The API's fleet summary is recomputed (debounced, by Celery) after fleet changes.

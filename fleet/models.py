@@ -210,7 +210,7 @@ class AllocationSample(models.Model):
 
     ``profile`` is empty for a model's physical GPUs, counted in compute slices (partition-aware, 7 per GPU);
     a MIG profile's row counts its devices. ``resolution`` is "minute" for raw samples (kept 30 days) and
-    "hour" for their hourly averages (kept a year). Written by ``fleet.tasks_history`` only.
+    "hour" for their hourly averages (kept a year). Written by ``fleet.tasks.history`` only.
     """
 
     RESOLUTIONS = [("minute", "minute"), ("hour", "hour")]

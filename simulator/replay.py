@@ -25,7 +25,7 @@ from claims.tasks import recompute_diagnoses
 from fleet import ingest
 from fleet.models import Cluster
 from fleet.normalize import KINDS, is_stored, normalize
-from fleet.tasks_history import sample_allocation
+from fleet.tasks.history import sample_allocation
 from simulator import scenarios
 from simulator.cluster import SimulatedCluster
 from simulator.scheduling_allocator import allocator_schedule

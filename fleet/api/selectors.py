@@ -178,7 +178,7 @@ def _summary_key(version: tuple[Any, ...]) -> str:
 def summary(cluster_id: int | None = None) -> dict[str, Any]:
     """The fleet summary (of one cluster with ``cluster_id``), computed off the request path.
 
-    A change event asks the Celery task :func:`fleet.tasks_summary.warm_summary` to compute the summary
+    A change event asks the Celery task :func:`fleet.tasks.summary.warm_summary` to compute the summary
     of the new fleet version (debounced). Until it has, requests get the previous summary, a few seconds
     old; only when there is none, or the refresh is overdue (no worker?), does a request compute it."""
     whole, _ = current_summary()
@@ -187,7 +187,7 @@ def summary(cluster_id: int | None = None) -> dict[str, Any]:
 
 def current_summary() -> tuple[dict[str, Any], bool]:
     """The whole fleet's summary and whether it is the previous version's (a refresh is under way)."""
-    from fleet import tasks_summary
+    from fleet.tasks import summary as tasks_summary
 
     key = _summary_key(fleet_version())
     cached = cache.get(key)

@@ -36,7 +36,7 @@ def same(csv_value: str, json_value) -> bool:
 @pytest.fixture
 def everything(fixture_fleet, sim_fleet):
     from claims.tasks import recompute_diagnoses
-    from fleet.tasks_history import sample_allocation
+    from fleet.tasks.history import sample_allocation
 
     recompute_diagnoses("fixtures")
     sample_allocation()

@@ -85,7 +85,7 @@ def test_the_renderer_quotes_every_formula_start_and_leaves_numbers_alone(payloa
 @pytest.fixture
 def everything(fixture_fleet, sim_fleet):
     from claims.tasks import recompute_diagnoses
-    from fleet.tasks_history import sample_allocation
+    from fleet.tasks.history import sample_allocation
 
     recompute_diagnoses("fixtures")
     sample_allocation()

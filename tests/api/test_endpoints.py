@@ -79,10 +79,11 @@ class TestOnTheFixtureFleet:
         assert body["clusters"] == [] and body["total"]["devices"] == 0
 
     def test_summary_follows_ingest_through_a_warm_task_never_computed_on_the_request(self, api, monkeypatch):
-        from fleet import ingest, tasks_summary
+        from fleet import ingest
         from fleet.api import selectors as api_selectors
         from fleet.models import Cluster, ResourceClaim
         from fleet.normalize import normalize
+        from fleet.tasks import summary as tasks_summary
 
         enqueued: list[int] = []
         monkeypatch.setattr(tasks_summary.warm_summary, "apply_async", lambda **kw: enqueued.append(1))
@@ -162,7 +163,7 @@ class TestOnTheFixtureFleet:
 
 class TestOnTheSimulatedFleet:
     def test_every_list_endpoint_answers_with_rows(self, api, sim_fleet):
-        from fleet.tasks_history import sample_allocation
+        from fleet.tasks.history import sample_allocation
 
         sample_allocation()
         for name in LISTS:

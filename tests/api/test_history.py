@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from fleet.models import AllocationSample
-from fleet.tasks_history import downsample_history, sample_allocation
+from fleet.tasks.history import downsample_history, sample_allocation
 from tests.api.conftest import all_rows
 
 T0 = datetime(2026, 1, 1, 10, 0, tzinfo=UTC)
@@ -77,8 +77,8 @@ def test_the_beat_schedule_runs_the_history_tasks():
     from django.conf import settings
 
     tasks = {entry["task"] for entry in settings.CELERY_BEAT_SCHEDULE.values()}
-    assert {"fleet.tasks_history.sample_allocation", "fleet.tasks_history.downsample_history"} <= tasks
-    assert "fleet.tasks_history" in settings.CELERY_IMPORTS
+    assert {"fleet.tasks.history.sample_allocation", "fleet.tasks.history.downsample_history"} <= tasks
+    assert "fleet.tasks.history" in settings.CELERY_IMPORTS
 
 
 @pytest.mark.usefixtures("fixture_fleet")

@@ -18,7 +18,7 @@ def page(api, name):
 
 def grow(rounds):
     """Fleet data for the endpoints: the fixture fleet, then the simulated one on top, plus history."""
-    from fleet.tasks_history import sample_allocation
+    from fleet.tasks.history import sample_allocation
 
     sample_allocation(f"2026-12-01T10:{rounds:02d}:00+00:00")
 
@@ -37,7 +37,7 @@ def test_list_endpoints_run_a_constant_number_of_queries(api, name, fixture_flee
 
 @pytest.mark.parametrize("name", ["summary", "heatmap"])
 def test_aggregate_endpoints_run_a_constant_number_of_queries(api, name, fixture_fleet, request):
-    from fleet.tasks_summary import warm_summary
+    from fleet.tasks.summary import warm_summary
 
     warm_summary()  # as the Celery worker does after a change: requests read the summary cached
     with CaptureQueriesContext(connection) as small:

@@ -44,7 +44,7 @@ def wsgi_app(monkeypatch):
 @pytest.fixture
 def fuzz_data(fixture_fleet, sim_fleet, token):
     from claims.tasks import recompute_diagnoses
-    from fleet.tasks_history import sample_allocation
+    from fleet.tasks.history import sample_allocation
 
     recompute_diagnoses("fixtures")
     sample_allocation()

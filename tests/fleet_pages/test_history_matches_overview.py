@@ -9,7 +9,7 @@ from django.utils import timezone
 from fleet import overview
 from fleet.filters import FleetFilter
 from fleet.models import AllocationSample
-from fleet.tasks_history import sample_allocation
+from fleet.tasks.history import sample_allocation
 from fleet.views import _clusters
 from tests.fleet_pages.test_overview_counts import varied_fleet
 

@@ -111,7 +111,7 @@ def test_two_workers_racing_for_one_stream_leave_one_writer(services, workers, k
     converged(services, cluster, control_plane)
     client = Celery(broker=REDIS_URL)
     for _ in range(4):  # duplicates of a running stream: each must find the lock taken
-        client.send_task("fleet.tasks.watch_stream", args=[cluster, "Node"], queue="watch")
+        client.send_task("fleet.tasks.watch.watch_stream", args=[cluster, "Node"], queue="watch")
     create_nodes(kube, "r", 40).join()
     converged(services, cluster, control_plane)
     logs = one.output() + two.output()
@@ -141,7 +141,7 @@ def test_a_worker_reconnects_after_a_redis_restart_and_goes_on_consuming(
     # from the queue after its reconnection (rounds end every 8 s and come back through the queue).
     def round_after_reconnection() -> bool:
         after = worker.output().split("Connected to redis://", 2)[2]
-        return re.search(r"Task fleet\.tasks\.watch_stream\[[^\]]+\] received", after) is not None
+        return re.search(r"Task fleet\.tasks\.watch\.watch_stream\[[^\]]+\] received", after) is not None
 
     wait_for(
         "a watch round taken from the queue after the reconnection", round_after_reconnection, timeout=60
