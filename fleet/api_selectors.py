@@ -28,7 +28,7 @@ from django.db.models import (
     Window,
 )
 
-from fleet import commit_counter, counts, selectors
+from fleet import commit_counter, counts, readmodel
 from fleet.counts import FleetSummary
 from fleet.models import Cluster, Device, ResourceSlice
 from fleet.normalize import FULL_GPU_SLICES
@@ -228,17 +228,13 @@ def summary_of_cluster(whole: dict[str, Any], cluster_id: int | None) -> dict[st
 
 
 def compute_summary(cluster_id: int | None = None) -> dict[str, Any]:
-    """Partition-aware counts per cluster and for the whole fleet, by model, MIG profile and state."""
-    devices, counter_sets = selectors.current_devices(cluster_id)
-    holders = selectors.allocation_holders(None if cluster_id is None else [cluster_id])
+    """Partition-aware counts per cluster and for the whole fleet, by model, MIG profile and state (the
+    per-GPU read model's, two indexed aggregates)."""
+    per_cluster = readmodel.summaries(readmodel.Scope(None if cluster_id is None else (cluster_id,)))
     names = cluster_names()
-    by_cluster: dict[int, list[dict[str, Any]]] = defaultdict(list)
-    for d in devices:
-        by_cluster[d["cluster_id"]].append(d)
-    per_cluster = {
-        cid: selectors.summarize(rows, holders, counter_sets) for cid, rows in sorted(by_cluster.items())
-    }
     return {
-        "clusters": [{"cluster": names.get(cid, str(cid)), **s.as_dict()} for cid, s in per_cluster.items()],
+        "clusters": [
+            {"cluster": names.get(cid, str(cid)), **s.as_dict()} for cid, s in sorted(per_cluster.items())
+        ],
         "total": counts.merge(per_cluster.values()).as_dict(),
     }

@@ -202,22 +202,56 @@ class FleetSummary:
         return data
 
 
-def summarize(
+@dataclass
+class GpuFlags:
+    """One physical GPU as :meth:`ModelTotals.add_gpu` counts it, with what the pages show of it."""
+
+    model: str
+    mig: bool = False
+    dynamic: bool = False
+    whole: bool = False  # its full-GPU device is allocated
+    tainted: bool = False
+    used: int = 0  # compute slices of its allocated devices (uncapped)
+
+
+@dataclass
+class Unit:
+    """The devices of one physical GPU (``gpu`` is set), or one device outside any GPU (no ``gpu_uuid``,
+    or not a GPU/MIG device), counted by group: the smallest part of the fleet whose counts the per-GPU
+    read model stores. Summing units gives :func:`summarize`."""
+
+    groups: dict[tuple[str, str, str], GroupCount] = field(default_factory=dict)
+    gpu: GpuFlags | None = None
+    devices: int = 0
+    allocated: int = 0
+
+
+UnitKey = tuple[int, str]  # cluster id, "gpu:<uuid>" or "device:<driver>/<pool>/<name>"
+
+
+def unit_key(d: Mapping[str, Any]) -> UnitKey:
+    """The unit a device counts in: its physical GPU, or itself."""
+    if d["kind"] in ("gpu", "mig") and d["gpu_uuid"]:
+        return d["cluster_id"], f"gpu:{d['gpu_uuid']}"
+    return d["cluster_id"], f"device:{d['driver']}/{d['pool']}/{d['name']}"
+
+
+def units(
     devices: Iterable[Mapping[str, Any]],
     allocated: Collection[DeviceKey],
     reserved: Collection[DeviceKey],
     blocked: Collection[DeviceKey],
-) -> FleetSummary:
-    """Count devices (dicts with Device's fields) by group and state, and physical GPUs per model.
+) -> dict[UnitKey, Unit]:
+    """Count devices (dicts with Device's fields) by unit (:func:`unit_key`), group and state.
 
     ``allocated``: keys named by claims' allocation results; ``reserved``: those of them held by a reserved
     claim; ``blocked``: unallocated keys whose counters are used up (``selectors.unavailable_devices``)."""
-    groups: dict[tuple[str, str, str], GroupCount] = {}
-    gpus: dict[tuple[int, str], dict[str, Any]] = {}
-    summary = FleetSummary()
+    out: dict[UnitKey, Unit] = {}
     for d in devices:
+        ukey = unit_key(d)
+        unit = out.get(ukey) or out.setdefault(ukey, Unit())
         key = (d["model"], d["kind"], d["mig_profile"])
-        group = groups.get(key) or groups.setdefault(key, GroupCount(*key))
+        group = unit.groups.get(key) or unit.groups.setdefault(key, GroupCount(*key))
         device_key = (d["cluster_id"], d["driver"], d["pool"], d["name"])
         is_allocated = device_key in allocated
         consumes = bool(d["counters_consumed"] or d.get("has_counters"))
@@ -228,38 +262,45 @@ def summarize(
             tainted=bool(d["tainted"]),
             memory=d["memory_bytes"] if counts_memory(is_allocated, consumes) else 0,
         )
-        summary.devices += 1
-        summary.allocated += is_allocated
-        if d["kind"] in ("gpu", "mig") and d["gpu_uuid"]:
-            gpu = gpus.setdefault(
-                (d["cluster_id"], d["gpu_uuid"]),
-                {
-                    "model": d["model"],
-                    "mig": False,
-                    "dynamic": False,
-                    "whole": False,
-                    "tainted": False,
-                    "used": 0,
-                },
-            )
-            gpu["model"] = d["model"]
+        unit.devices += 1
+        unit.allocated += is_allocated
+        if ukey[1].startswith("gpu:"):
+            gpu = unit.gpu or GpuFlags(d["model"])
+            unit.gpu = gpu
+            gpu.model = d["model"]
             if d["kind"] == "mig":
-                gpu["mig"] = True
-                gpu["dynamic"] |= consumes
-            gpu["whole"] |= d["kind"] == "gpu" and is_allocated
-            gpu["tainted"] |= bool(d["tainted"])
+                gpu.mig = True
+                gpu.dynamic |= consumes
+            gpu.whole |= d["kind"] == "gpu" and is_allocated
+            gpu.tainted |= bool(d["tainted"])
             if is_allocated:
-                gpu["used"] += d["compute_slices"]
+                gpu.used += d["compute_slices"]
+    return out
+
+
+def summarize(
+    devices: Iterable[Mapping[str, Any]],
+    allocated: Collection[DeviceKey],
+    reserved: Collection[DeviceKey],
+    blocked: Collection[DeviceKey],
+) -> FleetSummary:
+    """Count devices (dicts with Device's fields) by group and state, and physical GPUs per model: the sum
+    of their :func:`units` (same arguments)."""
+    groups: dict[tuple[str, str, str], GroupCount] = {}
     totals: dict[str, ModelTotals] = {}
-    for g in gpus.values():
-        t = totals.get(g["model"]) or totals.setdefault(g["model"], ModelTotals(g["model"]))
-        t.add_gpu(
-            mig=g["mig"],
-            dynamic=g["dynamic"],
-            whole_allocated=g["whole"],
-            tainted=g["tainted"],
-            used=g["used"],
-        )
+    summary = FleetSummary()
+    for unit in units(devices, allocated, reserved, blocked).values():
+        summary.devices += unit.devices
+        summary.allocated += unit.allocated
+        for key, g in unit.groups.items():
+            acc = groups.setdefault(key, GroupCount(*key))
+            for name in _GROUP_ADDITIVE:
+                setattr(acc, name, getattr(acc, name) + getattr(g, name))
+        if unit.gpu is not None:
+            gpu = unit.gpu
+            t = totals.get(gpu.model) or totals.setdefault(gpu.model, ModelTotals(gpu.model))
+            t.add_gpu(mig=gpu.mig, dynamic=gpu.dynamic, whole_allocated=gpu.whole, tainted=gpu.tainted,
+                      used=gpu.used)  # fmt: skip
     summary.groups = sorted(groups.values(), key=lambda g: (g.model, g.kind, g.profile))
     summary.models = sorted(totals.values(), key=lambda t: t.model)
     return summary

@@ -16,9 +16,8 @@ from datetime import datetime
 from typing import Any, cast
 
 from django.core.cache import cache
-from django.db import connection
 
-from fleet import counts, selectors
+from fleet import counts, readmodel, selectors
 from fleet.filters import FleetFilter
 from fleet.models import stream_status
 from fleet.normalize import FULL_GPU_SLICES
@@ -411,16 +410,15 @@ def load_cluster_overviews(filters: FleetFilter, cluster_names: Mapping[int, str
 def compute_overviews(
     scope: selectors.OverviewScope, filters: FleetFilter, cluster_names: Mapping[int, str]
 ) -> list[ClusterOverview]:
-    """The overview's counts, uncached: PostgreSQL aggregates them (the L fleet's 100,000 devices in SQL);
-    the embedded SQLite counts a device at a time in Python by the same rules (tested equal)."""
-    if connection.vendor != "postgresql":
-        return overviews_per_device(filters, cluster_names)
-    aggregates = selectors.overview_counts(scope)
-    pools = {d["pool"] for d in aggregates.counter_devices}
-    counter_sets = selectors.overview_counter_sets(scope, pools) if pools else {}
-    return overviews_from_counts(
-        aggregates.groups, aggregates.gpus, aggregates.counter_devices, counter_sets, cluster_names
+    """The overview's counts, uncached: the per-GPU read model's GPU and MIG rows of the scope, added up
+    by two indexed aggregates (the same on every database)."""
+    per_cluster = readmodel.summaries(
+        readmodel.Scope(scope.cluster_ids, scope.model, scope.pool, scope.nodes, gpu_devices_only=True)
     )
+    return [
+        ClusterOverview(name, per_cluster.get(cid) or FleetSummary())
+        for cid, name in sorted(cluster_names.items(), key=lambda item: item[1])
+    ]
 
 
 def _digest(value: object) -> str:

@@ -123,7 +123,7 @@ def current_devices(cluster_id: int | None = None) -> tuple[list[dict[str, Any]]
         slices = slices.filter(cluster_id=cluster_id)
         devices = devices.filter(cluster_id=cluster_id)
     newest, counters = newest_generations(slices)
-    return _of_newest(devices.values(*SUMMARY_FIELDS), newest), counters
+    return of_newest(devices.values(*SUMMARY_FIELDS), newest), counters
 
 
 def newest_generations(slices: QuerySet[ResourceSlice]) -> tuple[dict[PoolKey, int], CounterSets]:
@@ -140,7 +140,7 @@ def newest_generations(slices: QuerySet[ResourceSlice]) -> tuple[dict[PoolKey, i
     return newest, dict(counters)
 
 
-def _of_newest(rows: Iterable[dict[str, Any]], newest: dict[PoolKey, int]) -> list[dict[str, Any]]:
+def of_newest(rows: Iterable[dict[str, Any]], newest: dict[PoolKey, int]) -> list[dict[str, Any]]:
     """Device rows of their pool's newest generation (pools without slices keep their devices)."""
     return [
         d
@@ -160,6 +160,15 @@ def allocated_keys(cluster_id: int | None = None) -> set[DeviceKey]:
 
 
 def fleet_summary(cluster_id: int | None = None) -> FleetSummary:
+    """The fleet's counts (one cluster's with ``cluster_id``), from the per-GPU read model."""
+    from fleet import readmodel
+
+    return readmodel.fleet_summary(None if cluster_id is None else [cluster_id])
+
+
+def fleet_summary_per_device(cluster_id: int | None = None) -> FleetSummary:
+    """:func:`fleet_summary` from every current device and allocation: what the read model's rows are
+    tested against, and rebuilt from."""
     devices, counter_sets = current_devices(cluster_id)
     holders = allocation_holders(None if cluster_id is None else [cluster_id])
     return summarize(devices, holders, counter_sets)
@@ -206,7 +215,7 @@ def heatmap_devices(
         flag = ExpressionWrapper(~Q(counters_consumed=[]), output_field=BooleanField())
         devices = devices.annotate(has_counters=flag)
         fields = (*fields, "has_counters")
-    current = _of_newest(devices.values(*fields), newest)
+    current = of_newest(devices.values(*fields), newest)
     if not counters:
         for d in current:
             d["counters_consumed"] = []
@@ -549,7 +558,7 @@ def counter_devices(
     )
     devices = [
         d
-        for d in _of_newest(cast(Iterable[dict[str, Any]], rows), newest)
+        for d in of_newest(cast(Iterable[dict[str, Any]], rows), newest)
         if (d["cluster_id"], d["driver"], d["pool"]) in keys
     ]
     return devices, {k: v for k, v in counter_sets.items() if k in keys}

@@ -7,10 +7,10 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from decimal import Decimal
 
-from django.db import connection, transaction
+from django.db import models, transaction
 from django.utils import timezone
 
-from fleet.ingest import events, locks, rows
+from fleet.ingest import events, gpu_state, locks, rows, statistics
 from fleet.ingest import pools as pool_discovery
 from fleet.ingest.specs import SPECS, BatchResult, Change, CursorUpdate, TableSpec
 from fleet.models import Cluster, WatchCursor
@@ -48,9 +48,13 @@ def apply_batch(
         # ... and those written in their place (nothing written or deleted: no event, no pools needed)
         after = pool_discovery.child_pools(cluster, spec, touched) if result.changed else set()
         result.pools = None if pools is None or after is None else pools | after
+        if result.changed and pool_discovery.pooled(spec):
+            # The per-GPU read model of the pools whose devices or allocations the batch changed.
+            gpu_state.refresh(cluster.pk, None if result.pools is None else {p for _, p in result.pools})
         if cursor:
             locks.save_cursor(cluster, kind, cursor, forward_only=True)
         events.publish_on_commit(cluster, result)
+    statistics.analyze_if_grown(spec.model, len(result.written) + len(result.deleted), tables_of(spec))
     return result
 
 
@@ -118,26 +122,23 @@ def replace_all(
             result.deleted = rows.delete_keys(
                 cluster, spec, [tuple(k) for k in absent], observed_at, max_version=list_resource_version
             )
+        if result.changed and pool_discovery.pooled(spec):
+            gpu_state.refresh(cluster.pk)  # a relist can change any pool of the cluster
         if cursor:
             locks.save_cursor(cluster, kind, CursorUpdate(list_resource_version, "watching", objects=count))
         events.publish_on_commit(cluster, result)
     if fresh:
-        analyze(spec)
+        statistics.analyze(tables_of(spec))
+    else:
+        statistics.analyze_if_grown(spec.model, len(result.written) + len(result.deleted), tables_of(spec))
     return result
 
 
-def analyze(spec: TableSpec) -> None:
-    """Refresh the planner's statistics of the kind's tables after an initial sync.
-
-    Until autovacuum analyzes the new rows (a minute or more), the planner believes the tables nearly
-    empty: the heatmap's read of a few changed pools then took 26 s for 100 pools and 251 s for 10 on the
-    L fleet (0.02 s once analyzed), and the live feed stalled for the first minute of a new deployment.
-    ANALYZE samples a fixed number of rows (about 0.1-0.5 s per large table) and blocks no reader or
-    writer."""
-    qn = connection.ops.quote_name
-    tables = ", ".join(qn(m._meta.db_table) for m in (spec.model, *(c.model for c in spec.children)))
-    with connection.cursor() as cur:
-        cur.execute(f"ANALYZE {tables}")
+def tables_of(spec: TableSpec) -> list[type[models.Model]]:
+    """The tables a batch of the kind writes: its own, its children's and, when they hold devices or
+    allocations, the per-GPU read model's."""
+    tables = [spec.model, *(c.model for c in spec.children)]
+    return [*tables, *gpu_state.READ_MODEL] if pool_discovery.pooled(spec) else tables
 
 
 def stored_versions(cluster: Cluster, spec: TableSpec) -> dict[tuple[str, ...], Decimal]:

@@ -12,8 +12,13 @@ from fleet.ingest.sql import in_clauses
 from fleet.models import Cluster
 
 
-def _has_pool(model: type[models.Model]) -> bool:
+def has_pool(model: type[models.Model]) -> bool:
     return {"driver", "pool"} <= {f.column for f in model._meta.concrete_fields}
+
+
+def pooled(spec: TableSpec) -> bool:
+    """Whether the kind's rows or its children's name a pool (slices and devices, allocations)."""
+    return has_pool(spec.model) or any(has_pool(c.model) for c in spec.children)
 
 
 def child_pools(cluster: Cluster, spec: TableSpec, records: Sequence[Any]) -> set[tuple[str, str]] | None:
@@ -23,8 +28,8 @@ def child_pools(cluster: Cluster, spec: TableSpec, records: Sequence[Any]) -> se
     record's key (one deleted and recreated under its name while unobserved loses the old uid's
     children). One query per such table, whatever the batch size. Called before and after a batch's writes:
     the pools it can have changed."""
-    pooled = [c for c in spec.children if _has_pool(c.model)]
-    parent_pooled = _has_pool(spec.model)
+    pooled = [c for c in spec.children if has_pool(c.model)]
+    parent_pooled = has_pool(spec.model)
     if not (pooled or parent_pooled) or not records:
         return set()
     if connection.vendor != "postgresql":

@@ -16,6 +16,7 @@ from django.utils import timezone
 from claims.models import DeviceAllocation
 from fleet import commit_counter, overview, selectors
 from fleet.filters import FleetFilter
+from fleet.ingest import gpu_state
 from fleet.models import Cluster, Device, Node
 from fleet.views import _clusters
 from tests.fleet_pages.conftest import FIXTURE, FleetEditor
@@ -80,6 +81,8 @@ def varied_fleet() -> None:
     in_use = [k for k, held in holders.items() if any(h.state == "reserved" for h in held)]
     cid, driver, pool, name = sorted(in_use)[0]
     Device.objects.filter(cluster_id=cid, driver=driver, pool=pool, name=name).update(tainted=True)
+    # The rows above were written around ingest: recompute the read model as ingest would have.
+    gpu_state.refresh(second.pk)
 
 
 FILTERS = [
