@@ -102,38 +102,6 @@ def counts_memory(allocated: bool, consumes_counters: bool) -> bool:
     return allocated or not consumes_counters
 
 
-# The same rules as GroupCount.add, as PostgreSQL aggregates over rows with boolean ``allocated``,
-# ``reserved``, ``tainted`` and ``counters`` (consumes counters) columns; the counter rule (blocked) is
-# applied afterwards by :func:`add_blocked`, in Python. Tested equal to the per-device path.
-SQL_GROUP_COUNTS = """count(*), count(*) FILTER (WHERE allocated), count(*) FILTER (WHERE reserved),
-       count(*) FILTER (WHERE tainted), count(*) FILTER (WHERE tainted AND NOT allocated),
-       coalesce(sum(memory_bytes) FILTER (WHERE allocated OR NOT counters), 0)::bigint"""
-
-
-def group_of_aggregates(
-    model: str,
-    kind: str,
-    profile: str,
-    total: int,
-    allocated: int,
-    reserved: int,
-    tainted: int,
-    tainted_idle: int,
-    memory: int,
-) -> GroupCount:
-    """A group from :data:`SQL_GROUP_COUNTS`, before the counter rule (:func:`add_blocked`)."""
-    unavailable = tainted_idle
-    free = total - allocated - unavailable
-    return GroupCount(model, kind, profile, total, allocated, reserved, unavailable, tainted, free, memory)
-
-
-def add_blocked(group: GroupCount, tainted: bool) -> None:
-    """An unallocated device of ``group`` is blocked by counters: unavailable (a tainted one already is)."""
-    if not tainted:
-        group.unavailable += 1
-        group.free -= 1
-
-
 @dataclass
 class ModelTotals:
     """Physical GPUs of one model family, partition-aware (module docstring)."""
@@ -166,25 +134,6 @@ class ModelTotals:
         self.gpus_tainted += tainted
         self.compute_slices += FULL_GPU_SLICES
         self.compute_slices_allocated += min(used, FULL_GPU_SLICES)
-
-
-# ModelTotals per GPU from rows of one device each (``kind``, ``allocated``, ``tainted``, ``counters``,
-# ``compute_slices``), grouped by GPU: the columns of :meth:`ModelTotals.add_gpu`.
-SQL_GPU_FLAGS = """bool_or(kind = 'mig') AS mig, bool_or(kind = 'mig' AND counters) AS dynamic,
-         bool_or(kind = 'gpu' AND allocated) AS whole_allocated, bool_or(tainted) AS tainted,
-         coalesce(sum(compute_slices) FILTER (WHERE allocated), 0) AS used"""
-SQL_MODEL_TOTALS = """count(*), count(*) FILTER (WHERE mig), count(*) FILTER (WHERE dynamic),
-       count(*) FILTER (WHERE whole_allocated), count(*) FILTER (WHERE tainted),
-       coalesce(sum(least(used, %(full)s)), 0)::bigint"""
-
-
-def model_of_aggregates(
-    model: str, gpus: int, mig: int, dynamic: int, whole_allocated: int, tainted: int, used: int
-) -> ModelTotals:
-    """A model's totals from :data:`SQL_MODEL_TOTALS` (per-GPU flags of :data:`SQL_GPU_FLAGS`)."""
-    return ModelTotals(
-        model, gpus, gpus - mig, mig, dynamic, whole_allocated, tainted, gpus * FULL_GPU_SLICES, used
-    )
 
 
 @dataclass

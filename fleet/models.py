@@ -298,6 +298,11 @@ class GpuState(models.Model):
     reserved = models.BooleanField(default=False)  # held by a claim a consumer uses
     unreserved = models.BooleanField(default=False)  # held by a claim nobody uses: a suspected leak
     holders = models.JSONField(default=list)  # "namespace/name" of the claims holding its devices
+    claims = models.IntegerField(default=0)  # how many: the heatmap reads this, not the list
+    # A device of it is blocked by the counters its allocated siblings use (the heatmap's rule:
+    # fleet.heatmap.blocked_devices), and its MIG layout as the heatmap shows it (fleet.heatmap.layout).
+    counter_blocked = models.BooleanField(default=False)
+    layout = models.TextField(blank=True)
 
     class Meta:
         constraints = [

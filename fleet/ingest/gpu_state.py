@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
-from fleet import counts, selectors
+from fleet import counts, heatmap, selectors
 from fleet.ingest.sql import write_rows
 from fleet.models import Device, DeviceGroupState, GpuState, ResourceSlice
 from fleet.normalize import FULL_GPU_SLICES
@@ -34,6 +34,7 @@ def rows_of(
     devices and their holders and counter sets are given), since the counter rule is per pool."""
     allocated = set(holders)
     blocked = selectors.unavailable_devices(list(devices), allocated, counter_sets)  # type: ignore[arg-type]
+    shown_blocked = heatmap.blocked_devices(devices, allocated, counter_sets)
     units = counts.units(devices, allocated, selectors.reserved_keys(holders), blocked)
     first: dict[counts.UnitKey, Mapping[str, Any]] = {}
     members: dict[counts.UnitKey, list[Mapping[str, Any]]] = {}
@@ -65,12 +66,15 @@ def rows_of(
                 }
             )
         if unit.gpu is not None:
-            gpus.append({**where, **_gpu_row(unit, members[key], holders)})
+            gpus.append({**where, **_gpu_row(unit, members[key], holders, shown_blocked)})
     return gpus, groups
 
 
 def _gpu_row(
-    unit: counts.Unit, devices: list[Mapping[str, Any]], holders: Mapping[DeviceKey, list[Holder]]
+    unit: counts.Unit,
+    devices: list[Mapping[str, Any]],
+    holders: Mapping[DeviceKey, list[Holder]],
+    shown_blocked: set[DeviceKey],
 ) -> dict[str, Any]:
     """A GpuState row's own columns (the heatmap's rules for node, index and holders)."""
     assert unit.gpu is not None
@@ -100,6 +104,18 @@ def _gpu_row(
         "reserved": any(h.state == "reserved" for h in held),
         "unreserved": any(h.state != "reserved" for h in held),
         "holders": names,
+        "claims": len(names),
+        "counter_blocked": any(_key(d) in shown_blocked for d in devices),
+        "layout": heatmap.layout(
+            [
+                (d["compute_slices"], d["mig_profile"], _key(d) in holders)
+                for d in devices
+                if d["kind"] == "mig"
+            ],
+            gpu.dynamic,
+        )
+        if gpu.mig
+        else "",
     }
 
 

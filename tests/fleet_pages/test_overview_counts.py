@@ -1,4 +1,4 @@
-"""The overview's counts from PostgreSQL's aggregates equal the per-device computation they replaced."""
+"""The overview's counts from the per-GPU read model equal the per-device computation they replaced."""
 
 from __future__ import annotations
 
@@ -39,13 +39,13 @@ def per_device(filters: FleetFilter) -> list[overview.ClusterOverview]:
     return overview.cluster_overviews(devices, holders, counter_sets, names)
 
 
-def test_without_postgresql_the_overview_counts_every_device_in_python(fleet, monkeypatch):
+def test_the_overview_reads_the_read_model_on_every_database_not_the_devices(fleet):
     varied_fleet()
-    monkeypatch.setattr(connection, "vendor", "sqlite")
+    names = _clusters(FleetFilter())
     with CaptureQueriesContext(connection) as ctx:
-        got = overview.load_cluster_overviews(FleetFilter(), _clusters(FleetFilter()))
-    assert not any("overview_devices" in q["sql"] for q in ctx.captured_queries)
-    monkeypatch.undo()
+        got = overview.compute_overviews(selectors.OverviewScope(tuple(names)), FleetFilter(), names)
+    assert len(ctx.captured_queries) == 2
+    assert not any('"fleet_device"' in q["sql"] for q in ctx.captured_queries)
     assert shown(got, "") == shown(per_device(FleetFilter()), "")
 
 
