@@ -63,14 +63,34 @@ def blocked_devices(
     """:func:`fleet.selectors.unavailable_devices`, evaluated only where it can find something: devices
     sharing a counter set with an allocated device. (A device that would not fit its counter set even with
     nothing allocated, i.e. a malformed slice, is therefore not flagged here.)"""
+    candidates = _sharing_with_allocated(devices, allocated)
+    if not candidates:
+        return set()
+    return unavailable_devices(candidates, allocated, counter_sets)  # type: ignore[arg-type]
+
+
+def shown_blocked(
+    devices: Sequence[Mapping[str, Any]], allocated: set[DeviceKey], blocked: set[DeviceKey]
+) -> set[DeviceKey]:
+    """:func:`blocked_devices` from the whole rule's result ``blocked`` (``unavailable_devices`` of the
+    same devices): its devices that share a counter set with an allocated device (the allocated devices'
+    use of a set is the same whether the others are judged or not)."""
+    if not blocked:
+        return set()
+    return blocked & {device_key(d) for d in _sharing_with_allocated(devices, allocated)}
+
+
+def _sharing_with_allocated(
+    devices: Sequence[Mapping[str, Any]], allocated: set[DeviceKey]
+) -> list[Mapping[str, Any]]:
     touched: set[tuple[int, str, str, str]] = set()
     for d in devices:
         if d["counters_consumed"] and (d["cluster_id"], d["driver"], d["pool"], d["name"]) in allocated:
             for c in d["counters_consumed"]:
                 touched.add((d["cluster_id"], d["driver"], d["pool"], str(c.get("counterSet"))))
     if not touched:
-        return set()
-    candidates = [
+        return []
+    return [
         d
         for d in devices
         if d["counters_consumed"]
@@ -79,7 +99,6 @@ def blocked_devices(
             for c in d["counters_consumed"]
         )
     ]
-    return unavailable_devices(candidates, allocated, counter_sets)  # type: ignore[arg-type]
 
 
 def layout(profiles: Iterable[tuple[int, str, bool]], dynamic: bool) -> str:
