@@ -18,6 +18,7 @@ from django.db.models import QuerySet, TextField
 from django.db.models.functions import Cast
 
 from fleet import counts, heatmap, selectors
+from fleet.ingest import locks
 from fleet.ingest.sql import write_rows
 from fleet.models import Device, DeviceGroupState, GpuState, ResourceSlice
 from fleet.normalize import FULL_GPU_SLICES
@@ -148,6 +149,7 @@ def refresh(cluster_id: int, pools: Collection[str] | None = None) -> int:
     """Recompute the read model's rows of ``pools`` (pool names, every driver) of a cluster, or of the
     whole cluster with ``None``, from the stored devices and allocations; returns the GPU rows written.
     Call inside the ingest transaction that changed them. A constant number of statements."""
+    locks.read_model_lock(cluster_id)
     slices = ResourceSlice.objects.filter(cluster_id=cluster_id)
     devices = Device.objects.filter(cluster_id=cluster_id)
     stored = [m.objects.filter(cluster_id=cluster_id) for m in READ_MODEL]

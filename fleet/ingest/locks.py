@@ -32,6 +32,20 @@ def stream_lock(cluster: Cluster, kind: str, exclusive: bool) -> None:
         cur.execute(f"SELECT {fn}(%s, %s)", list(_stream_key(cluster, kind)))
 
 
+def read_model_lock(cluster_id: int) -> None:
+    """Take the cluster's per-GPU read-model lock for this transaction (exclusive), before reading what the
+    rows derive from. Batches of different kinds run concurrently (a slice batch and a claim batch of one
+    pool): without it each would recompute the pool from a snapshot missing the other's uncommitted rows,
+    and the last to commit would store rows missing the other's change. With it the second waits for the
+    first's commit, then reads its rows (READ COMMITTED: each statement sees what committed before it).
+    Taken last in a batch, just before commit, so it is held briefly and never waited on while holding it.
+    PostgreSQL only; a no-op elsewhere (SQLite serializes writers)."""
+    if connection.vendor != "postgresql" or not connection.in_atomic_block:
+        return
+    with connection.cursor() as cur:
+        cur.execute("SELECT pg_advisory_xact_lock(%s, %s)", [cluster_id, zlib.crc32(b"read model") - 2**31])
+
+
 def lock_if_fresh(cluster: Cluster, kind: str, spec: TableSpec) -> bool:
     """Take the stream's lock for a relist; True when neither the kind's table nor its children's hold a
     row of ``cluster`` and no other writer of this stream can add one before this transaction commits.
