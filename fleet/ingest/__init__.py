@@ -10,7 +10,8 @@ Kinds are described by :class:`TableSpec` s registered per kind: fleet registers
 
 Modules: ``specs`` (the kind registry), ``apply`` (batches and relists), ``rows`` (records and their child
 rows through the fence), ``sql`` (the general SQL writer), ``locks`` (stream locks and cursors), ``pools``
-(which pools a batch touches), ``events`` (change publishing).
+(which pools a batch touches), ``events`` (change publishing), ``statistics`` (ANALYZE after bulk writes),
+``gpu_state`` (the per-GPU read model, recomputed for the pools each batch touched).
 """
 
 from fleet.ingest import (
@@ -21,6 +22,7 @@ from fleet.ingest import (
     pools,
     rows,
     sql,
+    statistics,
 )
 from fleet.ingest.apply import apply_batch, drop_cluster, get_or_create_cluster, replace_all
 from fleet.ingest.events import add_change_listener, change_event, notify_imported, publish
@@ -62,5 +64,6 @@ __all__ = [
     "replace_all",
     "rows",
     "sql",
+    "statistics",
     "write_rows",
 ]
