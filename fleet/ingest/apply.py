@@ -48,13 +48,18 @@ def apply_batch(
         # ... and those written in their place (nothing written or deleted: no event, no pools needed)
         after = pool_discovery.child_pools(cluster, spec, touched) if result.changed else set()
         result.pools = None if pools is None or after is None else pools | after
+        # Before the read model reads what the batch wrote: its joins must not be planned as if empty.
+        grown = statistics.analyze_if_grown(
+            spec.model, len(result.written) + len(result.deleted), tables_of(spec)
+        )
         if result.changed and pool_discovery.pooled(spec):
             # The per-GPU read model of the pools whose devices or allocations the batch changed.
             gpu_state.refresh(cluster.pk, None if result.pools is None else {p for _, p in result.pools})
         if cursor:
             locks.save_cursor(cluster, kind, cursor, forward_only=True)
         events.publish_on_commit(cluster, result)
-    statistics.analyze_if_grown(spec.model, len(result.written) + len(result.deleted), tables_of(spec))
+    if grown and pool_discovery.pooled(spec):
+        statistics.analyze(gpu_state.READ_MODEL)  # after commit: two batches never wait on each other here
     return result
 
 
@@ -122,23 +127,25 @@ def replace_all(
             result.deleted = rows.delete_keys(
                 cluster, spec, [tuple(k) for k in absent], observed_at, max_version=list_resource_version
             )
+        # Before the read model reads what the relist wrote (see apply_batch); an initial sync always.
+        if fresh:
+            statistics.analyze(tables_of(spec))
+        grown = fresh or statistics.analyze_if_grown(
+            spec.model, len(result.written) + len(result.deleted), tables_of(spec)
+        )
         if result.changed and pool_discovery.pooled(spec):
             gpu_state.refresh(cluster.pk)  # a relist can change any pool of the cluster
         if cursor:
             locks.save_cursor(cluster, kind, CursorUpdate(list_resource_version, "watching", objects=count))
         events.publish_on_commit(cluster, result)
-    if fresh:
-        statistics.analyze(tables_of(spec))
-    else:
-        statistics.analyze_if_grown(spec.model, len(result.written) + len(result.deleted), tables_of(spec))
+    if grown and pool_discovery.pooled(spec):
+        statistics.analyze(gpu_state.READ_MODEL)
     return result
 
 
 def tables_of(spec: TableSpec) -> list[type[models.Model]]:
-    """The tables a batch of the kind writes: its own, its children's and, when they hold devices or
-    allocations, the per-GPU read model's."""
-    tables = [spec.model, *(c.model for c in spec.children)]
-    return [*tables, *gpu_state.READ_MODEL] if pool_discovery.pooled(spec) else tables
+    """The mirrored tables a batch of the kind writes: its own and its children's."""
+    return [spec.model, *(c.model for c in spec.children)]
 
 
 def stored_versions(cluster: Cluster, spec: TableSpec) -> dict[tuple[str, ...], Decimal]:
