@@ -10,6 +10,11 @@ def fill(apps, schema_editor):
     from fleet.ingest import gpu_state, statistics
 
     cluster = apps.get_model("fleet", "Cluster")
+    # A database just restored has no planner statistics: the rebuild's joins need them.
+    sources = [apps.get_model(*name.split(".")) for name in (
+        "fleet.ResourceSlice", "fleet.Device", "claims.ResourceClaim", "claims.DeviceAllocation"
+    )]  # fmt: skip
+    statistics.analyze(sources)
     gpu_state.rebuild_all(cluster.objects.values_list("pk", flat=True))
     statistics.analyze(gpu_state.READ_MODEL)
 

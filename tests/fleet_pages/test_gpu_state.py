@@ -4,8 +4,11 @@ sequence of batches, and a batch's incremental update equals a full rebuild."""
 from __future__ import annotations
 
 import copy
+import importlib
 import random
 from typing import Any
+
+from django.apps import apps as django_apps
 
 from fleet import api_selectors, readmodel, selectors
 from fleet.ingest import gpu_state
@@ -122,3 +125,12 @@ def test_the_overview_reads_the_same_numbers_on_every_database(fleet):
     gpu_groups = [g for g in expected.groups if g.kind in ("gpu", "mig")]
     assert per_cluster[fleet.pk].groups == gpu_groups
     assert per_cluster[fleet.pk].models == expected.models
+
+
+def test_the_migration_fills_the_read_model_from_the_stored_rows(fleet):
+    migration = importlib.import_module("fleet.migrations.0006_gpu_state")
+    expected = stored_rows()
+    GpuState.objects.all().delete()
+    DeviceGroupState.objects.all().delete()
+    migration.fill(django_apps, None)
+    assert stored_rows() == expected and expected[0]
