@@ -83,6 +83,9 @@ def replace_all(
             cluster, kind, spec
         )  # the stream's lock: exclusive when fresh, else shared
         result = BatchResult(kind)
+        pooled = pool_discovery.pooled(spec)
+        everything = fresh  # the read model's rows to recompute: the cluster's, or those of ``touched``
+        touched: set[tuple[str, str]] = set()
         stored = WatchCursor.objects.filter(cluster=cluster, kind=kind).values_list(
             "resource_version", flat=True
         )
@@ -96,6 +99,7 @@ def replace_all(
                 tuple(k)
                 for k in spec.model._default_manager.filter(cluster=cluster).values_list(*spec.natural_key)
             ]
+            everything = True
             # Objects the list still has are rewritten below: for the history they never went away.
             listed_uids = {r.meta.uid for r in records}
             rows.delete_keys(cluster, spec, all_keys, observed_at, keep_history_of=listed_uids)
@@ -109,7 +113,11 @@ def replace_all(
             # fence would skip them too (a concurrent writer is still ordered by it).
             stored_at = stored_versions(cluster, spec)
             newer = [r for r in listed if stored_at.get(spec.key_of(r)) != r.meta.resource_version]
+            if pooled and not everything:  # the pools of the rows about to be replaced
+                touched |= pool_discovery.child_pools(cluster, spec, newer)
             result.written = rows.upsert(cluster, spec, newer, observed_at)
+            if pooled and not everything and result.written:  # ... and of those written in their place
+                touched |= pool_discovery.child_pools(cluster, spec, newer)
             count = len(listed)
         result.stale = count - len(result.written)
         result.resync = True
@@ -122,6 +130,8 @@ def replace_all(
                 ).values_list(*spec.natural_key)
                 if tuple(key) not in present
             ]
+            if pooled and not everything:
+                touched |= pool_discovery.stored_pools(cluster, spec, [tuple(k) for k in absent])
             # Deleted only if still not newer than the list when the DELETE runs (a watch batch may have
             # committed a newer version since the read above).
             result.deleted = rows.delete_keys(
@@ -133,8 +143,8 @@ def replace_all(
         grown = fresh or statistics.analyze_if_grown(
             spec.model, len(result.written) + len(result.deleted), tables_of(spec)
         )
-        if result.changed and pool_discovery.pooled(spec):
-            gpu_state.refresh(cluster.pk)  # a relist can change any pool of the cluster
+        if result.changed and pooled:
+            gpu_state.refresh(cluster.pk, None if everything else {p for _, p in touched})
         if cursor:
             locks.save_cursor(cluster, kind, CursorUpdate(list_resource_version, "watching", objects=count))
         events.publish_on_commit(cluster, result)

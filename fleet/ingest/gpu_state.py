@@ -3,7 +3,8 @@
 Called by :mod:`fleet.ingest.apply` inside the transaction of every batch that wrote or deleted devices or
 allocations, with the pools the batch touched: those pools' rows are recomputed from their current
 devices and allocations (a pool is the unit because the dynamic-MIG counter rule and the newest
-generation are per pool, and a GPU's devices are published in one pool). A relist recomputes its cluster.
+generation are per pool, and a GPU's devices are published in one pool). A relist recomputes the pools of
+what it wrote or deleted; an initial sync, the whole cluster.
 The rows come from :func:`rows_of`, a pure function over the same inputs the per-device counts read, so
 the read model counts by :mod:`fleet.counts`' rules only.
 """

@@ -8,7 +8,7 @@ from typing import Any
 from django.db import connection, models
 
 from fleet.ingest.specs import ChildSpec, TableSpec
-from fleet.ingest.sql import in_clauses
+from fleet.ingest.sql import IN_CHUNK, chunks, in_clauses
 from fleet.models import Cluster
 
 
@@ -21,7 +21,7 @@ def pooled(spec: TableSpec) -> bool:
     return has_pool(spec.model) or any(has_pool(c.model) for c in spec.children)
 
 
-def child_pools(cluster: Cluster, spec: TableSpec, records: Sequence[Any]) -> set[tuple[str, str]] | None:
+def child_pools(cluster: Cluster, spec: TableSpec, records: Sequence[Any]) -> set[tuple[str, str]]:
     """(driver, pool) of the stored rows with a pool of ``records``' objects: the objects' own (a slice,
     including one that publishes only counters and so has no device rows) and their children's (devices,
     allocations). Children of the records' own uid (or name), and of the object stored under each
@@ -94,4 +94,30 @@ def _child_pools_portable(
                     [cluster.pk, *params],
                 )
                 out.update((driver, pool) for driver, pool in cur.fetchall())
+    return out
+
+
+def stored_pools(cluster: Cluster, spec: TableSpec, keys: Sequence[tuple[str, ...]]) -> set[tuple[str, str]]:
+    """(driver, pool) of the stored objects of the kind under ``keys`` and of their children: what a relist
+    is about to delete. A query per chunk of names and per pooled child table."""
+    wanted = set(keys)
+    fields = ["name", "uid", *(("driver", "pool") if has_pool(spec.model) else ())]
+    found: list[dict[str, Any]] = []
+    manager = spec.model._default_manager
+    for chunk in chunks(sorted({k[-1] for k in wanted}), IN_CHUNK):
+        for row in manager.filter(cluster=cluster, name__in=list(chunk)).values(*spec.natural_key, *fields):
+            if tuple(row[c] for c in spec.natural_key) in wanted:
+                found.append(row)
+    out: set[tuple[str, str]] = set()
+    if has_pool(spec.model):
+        out.update((row["driver"], row["pool"]) for row in found)
+    for child in spec.children:
+        if not has_pool(child.model):
+            continue
+        values = sorted({row[child.parent_field] for row in found})
+        for chunk in chunks(values, IN_CHUNK):
+            children = child.model._default_manager.filter(
+                cluster=cluster, **{f"{child.parent_column}__in": list(chunk)}
+            )
+            out.update(children.values_list("driver", "pool").distinct())
     return out

@@ -134,3 +134,42 @@ def test_the_migration_fills_the_read_model_from_the_stored_rows(fleet):
     DeviceGroupState.objects.all().delete()
     migration.fill(django_apps, None)
     assert stored_rows() == expected and expected[0]
+
+
+def stored_objects(model: Any, kind: str) -> list[dict[str, Any]]:
+    """The objects as the API server would list them now (what ingest stored)."""
+    return [{**raw, "kind": kind} for raw in model.objects.order_by("name").values_list("raw", flat=True)]
+
+
+def test_a_relist_that_changed_some_objects_recomputes_their_pools_only(editor):
+    from claims.models import ResourceClaim
+    from fleet import ingest
+    from fleet.models import ResourceSlice
+    from fleet.normalize import normalize
+
+    pools = set(GpuState.objects.values_list("pool", flat=True))
+    before = {(g.pool, g.gpu_uuid): g.pk for g in GpuState.objects.all()}
+    # The claims relist: one allocated claim gone (deleted while unobserved), the others as stored.
+    claims = stored_objects(ResourceClaim, "ResourceClaim")
+    gone = next(c for c in claims if (c.get("status") or {}).get("allocation"))
+    listed = [normalize("ResourceClaim", c) for c in claims if c is not gone]
+    ingest.replace_all(editor.cluster, "ResourceClaim", listed, 10**20)  # newer than any stored cursor
+    gone_pools = {r["pool"] for r in gone["status"]["allocation"]["devices"]["results"]}
+    after = {(g.pool, g.gpu_uuid): g.pk for g in GpuState.objects.all()}
+    rewritten = {key[0] for key in after if after[key] != before.get(key)}
+    assert gone_pools <= rewritten < pools
+    assert_read_model_is_current(editor.cluster.pk)
+    # The slices relist: one slice tainted (a newer version), one gone.
+    slices = stored_objects(ResourceSlice, "ResourceSlice")
+    gpu_slices = [
+        s for s in slices if s["spec"].get("driver") == "gpu.nvidia.com" and s["spec"].get("devices")
+    ]
+    tainted, gone_slice = copy.deepcopy(gpu_slices[0]), gpu_slices[1]
+    for device in tainted["spec"]["devices"]:
+        device["taints"] = [{"key": "xid", "value": "79", "effect": "NoExecute"}]
+    tainted["metadata"]["resourceVersion"] = str(10**20 - 1)
+    kept = [s for s in slices if s is not gpu_slices[0] and s is not gone_slice]
+    records = [normalize("ResourceSlice", s) for s in [tainted, *kept]]
+    ingest.replace_all(editor.cluster, "ResourceSlice", records, 10**20)
+    assert_read_model_is_current(editor.cluster.pk)
+    assert any(g.tainted for g in GpuState.objects.filter(pool=tainted["spec"]["pool"]["name"]))
