@@ -137,7 +137,7 @@ def main() -> int:
             return gpu_state.refresh(cluster.pk)
 
     _, full, _ = timed(2, rebuild)
-    print(f"{'read model full rebuild (relist)':34} {full:8.0f} ms")
+    print(f"{'read model full rebuild (initial sync)':34} {full:8.0f} ms")
     total, share = one_claim_batch(cluster)
     print(f"{'one-claim watch batch':34} {total:8.1f} ms, of which read model {share:.1f} ms")
     ok = results["summary, read model"] <= TARGET_MS and results["overview, read model"] <= TARGET_MS
