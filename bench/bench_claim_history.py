@@ -55,8 +55,8 @@ def relist(cluster: Cluster, recs: list[Any], rv: int) -> float:
 def main() -> None:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 40_000
     rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 3
-    ingest.publish = lambda event: None  # measure the database work only
-    ingest._listeners.clear()
+    ingest.events.publish = lambda event: None  # measure the database work only
+    ingest.events._listeners.clear()
     hooked = ingest.SPECS["ResourceClaim"]
     plain = dataclasses.replace(hooked, on_written=None, on_deleted=None)
     pending, again, allocated = (

@@ -118,8 +118,8 @@ def main() -> None:
     t0 = time.monotonic()
     cluster = Cluster.objects.get(name=args.cluster)
     events: list[Obj] = []
-    ingest.publish = events.append  # type: ignore[assignment]  # nothing leaves this process
-    ingest._listeners.clear()
+    ingest.events.publish = events.append  # type: ignore[assignment]  # nothing leaves this process
+    ingest.events._listeners.clear()
     rng = random.Random(11)
     claims, slices = objects(cluster, args.claims, args.slices, rng)
 
@@ -142,7 +142,7 @@ def main() -> None:
         rv += 10_000
         spec = ingest.SPECS["ResourceClaim"]
         started = time.perf_counter()
-        ingest._child_pools(cluster, spec, [c.record for c in work["ResourceClaim"]])  # the added query
+        ingest.pools.child_pools(cluster, spec, [c.record for c in work["ResourceClaim"]])  # the added query
         times["pools"].append((time.perf_counter() - started) * 1000)
         started = time.perf_counter()
         for kind, changes in work.items():

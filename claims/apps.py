@@ -10,8 +10,7 @@ class ClaimsConfig(AppConfig):
         from claims import history
         from claims.tasks import on_fleet_change
         from fleet.access.kube_rbac import add_namespace_source
-        from fleet.ingest import add_change_listener
-        from fleet.namespaced_kinds import set_claim_hooks
+        from fleet.ingest import add_change_listener, set_claim_hooks
 
         # Every state change of a claim, recorded in the batch's transaction.
         set_claim_hooks(history.record_written, history.record_deleted)

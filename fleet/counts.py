@@ -102,38 +102,6 @@ def counts_memory(allocated: bool, consumes_counters: bool) -> bool:
     return allocated or not consumes_counters
 
 
-# The same rules as GroupCount.add, as PostgreSQL aggregates over rows with boolean ``allocated``,
-# ``reserved``, ``tainted`` and ``counters`` (consumes counters) columns; the counter rule (blocked) is
-# applied afterwards by :func:`add_blocked`, in Python. Tested equal to the per-device path.
-SQL_GROUP_COUNTS = """count(*), count(*) FILTER (WHERE allocated), count(*) FILTER (WHERE reserved),
-       count(*) FILTER (WHERE tainted), count(*) FILTER (WHERE tainted AND NOT allocated),
-       coalesce(sum(memory_bytes) FILTER (WHERE allocated OR NOT counters), 0)::bigint"""
-
-
-def group_of_aggregates(
-    model: str,
-    kind: str,
-    profile: str,
-    total: int,
-    allocated: int,
-    reserved: int,
-    tainted: int,
-    tainted_idle: int,
-    memory: int,
-) -> GroupCount:
-    """A group from :data:`SQL_GROUP_COUNTS`, before the counter rule (:func:`add_blocked`)."""
-    unavailable = tainted_idle
-    free = total - allocated - unavailable
-    return GroupCount(model, kind, profile, total, allocated, reserved, unavailable, tainted, free, memory)
-
-
-def add_blocked(group: GroupCount, tainted: bool) -> None:
-    """An unallocated device of ``group`` is blocked by counters: unavailable (a tainted one already is)."""
-    if not tainted:
-        group.unavailable += 1
-        group.free -= 1
-
-
 @dataclass
 class ModelTotals:
     """Physical GPUs of one model family, partition-aware (module docstring)."""
@@ -168,25 +136,6 @@ class ModelTotals:
         self.compute_slices_allocated += min(used, FULL_GPU_SLICES)
 
 
-# ModelTotals per GPU from rows of one device each (``kind``, ``allocated``, ``tainted``, ``counters``,
-# ``compute_slices``), grouped by GPU: the columns of :meth:`ModelTotals.add_gpu`.
-SQL_GPU_FLAGS = """bool_or(kind = 'mig') AS mig, bool_or(kind = 'mig' AND counters) AS dynamic,
-         bool_or(kind = 'gpu' AND allocated) AS whole_allocated, bool_or(tainted) AS tainted,
-         coalesce(sum(compute_slices) FILTER (WHERE allocated), 0) AS used"""
-SQL_MODEL_TOTALS = """count(*), count(*) FILTER (WHERE mig), count(*) FILTER (WHERE dynamic),
-       count(*) FILTER (WHERE whole_allocated), count(*) FILTER (WHERE tainted),
-       coalesce(sum(least(used, %(full)s)), 0)::bigint"""
-
-
-def model_of_aggregates(
-    model: str, gpus: int, mig: int, dynamic: int, whole_allocated: int, tainted: int, used: int
-) -> ModelTotals:
-    """A model's totals from :data:`SQL_MODEL_TOTALS` (per-GPU flags of :data:`SQL_GPU_FLAGS`)."""
-    return ModelTotals(
-        model, gpus, gpus - mig, mig, dynamic, whole_allocated, tainted, gpus * FULL_GPU_SLICES, used
-    )
-
-
 @dataclass
 class FleetSummary:
     groups: list[GroupCount] = field(default_factory=list)
@@ -202,22 +151,56 @@ class FleetSummary:
         return data
 
 
-def summarize(
+@dataclass
+class GpuFlags:
+    """One physical GPU as :meth:`ModelTotals.add_gpu` counts it, with what the pages show of it."""
+
+    model: str
+    mig: bool = False
+    dynamic: bool = False
+    whole: bool = False  # its full-GPU device is allocated
+    tainted: bool = False
+    used: int = 0  # compute slices of its allocated devices (uncapped)
+
+
+@dataclass
+class Unit:
+    """The devices of one physical GPU (``gpu`` is set), or one device outside any GPU (no ``gpu_uuid``,
+    or not a GPU/MIG device), counted by group: the smallest part of the fleet whose counts the per-GPU
+    read model stores. Summing units gives :func:`summarize`."""
+
+    groups: dict[tuple[str, str, str], GroupCount] = field(default_factory=dict)
+    gpu: GpuFlags | None = None
+    devices: int = 0
+    allocated: int = 0
+
+
+UnitKey = tuple[int, str]  # cluster id, "gpu:<uuid>" or "device:<driver>/<pool>/<name>"
+
+
+def unit_key(d: Mapping[str, Any]) -> UnitKey:
+    """The unit a device counts in: its physical GPU, or itself."""
+    if d["kind"] in ("gpu", "mig") and d["gpu_uuid"]:
+        return d["cluster_id"], f"gpu:{d['gpu_uuid']}"
+    return d["cluster_id"], f"device:{d['driver']}/{d['pool']}/{d['name']}"
+
+
+def units(
     devices: Iterable[Mapping[str, Any]],
     allocated: Collection[DeviceKey],
     reserved: Collection[DeviceKey],
     blocked: Collection[DeviceKey],
-) -> FleetSummary:
-    """Count devices (dicts with Device's fields) by group and state, and physical GPUs per model.
+) -> dict[UnitKey, Unit]:
+    """Count devices (dicts with Device's fields) by unit (:func:`unit_key`), group and state.
 
     ``allocated``: keys named by claims' allocation results; ``reserved``: those of them held by a reserved
     claim; ``blocked``: unallocated keys whose counters are used up (``selectors.unavailable_devices``)."""
-    groups: dict[tuple[str, str, str], GroupCount] = {}
-    gpus: dict[tuple[int, str], dict[str, Any]] = {}
-    summary = FleetSummary()
+    out: dict[UnitKey, Unit] = {}
     for d in devices:
+        ukey = unit_key(d)
+        unit = out.get(ukey) or out.setdefault(ukey, Unit())
         key = (d["model"], d["kind"], d["mig_profile"])
-        group = groups.get(key) or groups.setdefault(key, GroupCount(*key))
+        group = unit.groups.get(key) or unit.groups.setdefault(key, GroupCount(*key))
         device_key = (d["cluster_id"], d["driver"], d["pool"], d["name"])
         is_allocated = device_key in allocated
         consumes = bool(d["counters_consumed"] or d.get("has_counters"))
@@ -228,38 +211,45 @@ def summarize(
             tainted=bool(d["tainted"]),
             memory=d["memory_bytes"] if counts_memory(is_allocated, consumes) else 0,
         )
-        summary.devices += 1
-        summary.allocated += is_allocated
-        if d["kind"] in ("gpu", "mig") and d["gpu_uuid"]:
-            gpu = gpus.setdefault(
-                (d["cluster_id"], d["gpu_uuid"]),
-                {
-                    "model": d["model"],
-                    "mig": False,
-                    "dynamic": False,
-                    "whole": False,
-                    "tainted": False,
-                    "used": 0,
-                },
-            )
-            gpu["model"] = d["model"]
+        unit.devices += 1
+        unit.allocated += is_allocated
+        if ukey[1].startswith("gpu:"):
+            gpu = unit.gpu or GpuFlags(d["model"])
+            unit.gpu = gpu
+            gpu.model = d["model"]
             if d["kind"] == "mig":
-                gpu["mig"] = True
-                gpu["dynamic"] |= consumes
-            gpu["whole"] |= d["kind"] == "gpu" and is_allocated
-            gpu["tainted"] |= bool(d["tainted"])
+                gpu.mig = True
+                gpu.dynamic |= consumes
+            gpu.whole |= d["kind"] == "gpu" and is_allocated
+            gpu.tainted |= bool(d["tainted"])
             if is_allocated:
-                gpu["used"] += d["compute_slices"]
+                gpu.used += d["compute_slices"]
+    return out
+
+
+def summarize(
+    devices: Iterable[Mapping[str, Any]],
+    allocated: Collection[DeviceKey],
+    reserved: Collection[DeviceKey],
+    blocked: Collection[DeviceKey],
+) -> FleetSummary:
+    """Count devices (dicts with Device's fields) by group and state, and physical GPUs per model: the sum
+    of their :func:`units` (same arguments)."""
+    groups: dict[tuple[str, str, str], GroupCount] = {}
     totals: dict[str, ModelTotals] = {}
-    for g in gpus.values():
-        t = totals.get(g["model"]) or totals.setdefault(g["model"], ModelTotals(g["model"]))
-        t.add_gpu(
-            mig=g["mig"],
-            dynamic=g["dynamic"],
-            whole_allocated=g["whole"],
-            tainted=g["tainted"],
-            used=g["used"],
-        )
+    summary = FleetSummary()
+    for unit in units(devices, allocated, reserved, blocked).values():
+        summary.devices += unit.devices
+        summary.allocated += unit.allocated
+        for key, g in unit.groups.items():
+            acc = groups.setdefault(key, GroupCount(*key))
+            for name in _GROUP_ADDITIVE:
+                setattr(acc, name, getattr(acc, name) + getattr(g, name))
+        if unit.gpu is not None:
+            gpu = unit.gpu
+            t = totals.get(gpu.model) or totals.setdefault(gpu.model, ModelTotals(gpu.model))
+            t.add_gpu(mig=gpu.mig, dynamic=gpu.dynamic, whole_allocated=gpu.whole, tainted=gpu.tainted,
+                      used=gpu.used)  # fmt: skip
     summary.groups = sorted(groups.values(), key=lambda g: (g.model, g.kind, g.profile))
     summary.models = sorted(totals.values(), key=lambda t: t.model)
     return summary

@@ -300,14 +300,7 @@ class GpuCache:
             for g in self._pools.pop(key, ()):
                 touched.add((g.cluster_id, g.node))
                 self._node_pools[(g.cluster_id, g.node)].discard(key)
-        if pools and connection.vendor == "postgresql":
-            rows = selectors.heatmap_gpu_rows(cluster_ids, None if everything else pools)
-            held = {(r[0], r[1], r[2]) for r in rows if r[12]}  # an allocated device consumes counters
-            gpus = heatmap.gpus_of_sql_rows(rows, _blocked_gpus(cluster_ids, held) if held else set())
-        elif pools:
-            gpus = _gpus_in_python(cluster_ids, pools)
-        else:
-            gpus = []
+        gpus = heatmap.gpus_of_states(selectors.gpu_states(cluster_ids, None if everything else pools))
         for gpu in gpus:
             key = (gpu.cluster_id, gpu.driver, gpu.pool)
             if key in pools:
@@ -315,19 +308,6 @@ class GpuCache:
                 self._node_pools[(gpu.cluster_id, gpu.node)].add(key)
                 touched.add((gpu.cluster_id, gpu.node))
         return touched
-
-
-def _blocked_gpus(cluster_ids: list[int], pools: set[PoolKey]) -> set[tuple[int, str]]:
-    """GPUs of ``pools`` with a partition blocked by the counters its allocated siblings use."""
-    return selectors.counter_blocked_gpus(cluster_ids, pools)
-
-
-def _gpus_in_python(cluster_ids: list[int], pools: set[PoolKey]) -> list[heatmap.Gpu]:
-    """:func:`heatmap.gpu_records` over device dicts: the path on databases other than PostgreSQL."""
-    devices, counter_sets = selectors.heatmap_devices(cluster_ids)
-    devices = [d for d in devices if (d["cluster_id"], d["driver"], d["pool"]) in pools]
-    holders = selectors.allocation_holders(cluster_ids)
-    return heatmap.gpu_records(devices, set(holders), counter_sets, holders)
 
 
 CACHE = GpuCache()

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 
 from fleet.filters import FleetFilter
 from fleet.normalize import FULL_GPU_SLICES
-from fleet.selectors import CounterSets, DeviceKey, GpuRow, Holder, unavailable_devices
+from fleet.selectors import CounterSets, DeviceKey, GpuStateRow, Holder, unavailable_devices
 
 TAINTED = 1  # the GPU or one of its MIG devices carries a NoSchedule/NoExecute taint
 UNAVAILABLE = 2  # some unallocated device is blocked by counters its allocated siblings use (dynamic MIG)
@@ -63,14 +63,34 @@ def blocked_devices(
     """:func:`fleet.selectors.unavailable_devices`, evaluated only where it can find something: devices
     sharing a counter set with an allocated device. (A device that would not fit its counter set even with
     nothing allocated, i.e. a malformed slice, is therefore not flagged here.)"""
+    candidates = _sharing_with_allocated(devices, allocated)
+    if not candidates:
+        return set()
+    return unavailable_devices(candidates, allocated, counter_sets)  # type: ignore[arg-type]
+
+
+def shown_blocked(
+    devices: Sequence[Mapping[str, Any]], allocated: set[DeviceKey], blocked: set[DeviceKey]
+) -> set[DeviceKey]:
+    """:func:`blocked_devices` from the whole rule's result ``blocked`` (``unavailable_devices`` of the
+    same devices): its devices that share a counter set with an allocated device (the allocated devices'
+    use of a set is the same whether the others are judged or not)."""
+    if not blocked:
+        return set()
+    return blocked & {device_key(d) for d in _sharing_with_allocated(devices, allocated)}
+
+
+def _sharing_with_allocated(
+    devices: Sequence[Mapping[str, Any]], allocated: set[DeviceKey]
+) -> list[Mapping[str, Any]]:
     touched: set[tuple[int, str, str, str]] = set()
     for d in devices:
         if d["counters_consumed"] and (d["cluster_id"], d["driver"], d["pool"], d["name"]) in allocated:
             for c in d["counters_consumed"]:
                 touched.add((d["cluster_id"], d["driver"], d["pool"], str(c.get("counterSet"))))
     if not touched:
-        return set()
-    candidates = [
+        return []
+    return [
         d
         for d in devices
         if d["counters_consumed"]
@@ -79,7 +99,6 @@ def blocked_devices(
             for c in d["counters_consumed"]
         )
     ]
-    return unavailable_devices(candidates, allocated, counter_sets)  # type: ignore[arg-type]
 
 
 def layout(profiles: Iterable[tuple[int, str, bool]], dynamic: bool) -> str:
@@ -99,8 +118,8 @@ def gpu_records(
 ) -> list[Gpu]:
     """The physical GPUs of GPU/MIG device dicts (the fields of ``selectors.HEATMAP_FIELDS``).
 
-    Precondition: ``devices`` are current (highest pool generation). PostgreSQL computes the same records
-    in one query (:func:`gpus_of_sql_rows`); this is the reference, and the path on other databases.
+    Precondition: ``devices`` are current (highest pool generation). The reference of the read model's
+    records (:func:`gpus_of_states`), tested equal.
     """
     devices = list(devices)
     blocked = blocked_devices(devices, allocated, counter_sets)
@@ -152,9 +171,9 @@ def gpu_records(
     ]
 
 
-def gpus_of_sql_rows(rows: Iterable[GpuRow], blocked_gpus: set[tuple[int, str]]) -> list[Gpu]:
-    """GPU records from :func:`fleet.selectors.heatmap_gpu_rows`; ``blocked_gpus`` are the (cluster id,
-    gpu uuid) of GPUs with a partition blocked by counters (the dynamic-MIG rule, evaluated separately)."""
+def gpus_of_states(rows: Iterable[GpuStateRow]) -> list[Gpu]:
+    """GPU records from the per-GPU read model's rows (:func:`fleet.selectors.gpu_states`), which ingest
+    computed by :func:`blocked_devices` and :func:`layout`."""
     out = []
     for (
         cid,
@@ -168,25 +187,17 @@ def gpus_of_sql_rows(rows: Iterable[GpuRow], blocked_gpus: set[tuple[int, str]])
         tainted,
         reserved,
         unreserved,
-        dynamic,
-        _,
-        profiles,
+        blocked,
+        mig,
         claims,
     ) in rows:
         flags = (
-            (TAINTED if tainted else 0) | (RESERVED if reserved else 0) | (UNRESERVED if unreserved else 0)
+            (TAINTED if tainted else 0)
+            | (RESERVED if reserved else 0)
+            | (UNRESERVED if unreserved else 0)
+            | (UNAVAILABLE if blocked else 0)
         )
-        if (cid, uuid) in blocked_gpus:
-            flags |= UNAVAILABLE
-        mig = ""
-        if profiles or dynamic:
-            parsed = []
-            for line in profiles.split("\n") if profiles else ():
-                slices, profile, taken = line.split(" ")
-                parsed.append((int(slices), profile, taken == "1"))
-            mig = layout(parsed, dynamic)
-        count = len(set(claims.split("\n"))) if claims else 0
-        out.append(Gpu(cid, driver, pool, uuid, node, model, index, used, flags, mig, count))
+        out.append(Gpu(cid, driver, pool, uuid, node or pool, model, index, used, flags, mig, claims))
     return out
 
 

@@ -504,3 +504,94 @@ class KubeIdentity(models.Model):
 
     def __str__(self) -> str:
         return f"{self.username} {self.groups}"
+
+
+class GpuState(models.Model):
+    """The per-GPU read model: one row per physical GPU of a pool's current generation, with what the
+    pages count of it (:mod:`fleet.counts`: :class:`~fleet.counts.GpuFlags`), so that home, the overview,
+    the summary, ``fleet_summary``, ``/metrics`` and the API read plain indexed rows, the same on SQLite and
+    PostgreSQL, instead of judging every device on each request.
+
+    Written only by ``fleet.ingest.gpu_state``, in the same transaction as the devices and allocations it
+    derives from (recomputed per touched pool; a GPU's devices are published in one pool).
+    """
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE)
+    driver = models.CharField(max_length=63)
+    pool = models.CharField(max_length=253)
+    gpu_uuid = models.CharField(max_length=128)
+    node_name = models.CharField(max_length=253, blank=True)
+    model = models.CharField(max_length=16)
+    gpu_minor = models.IntegerField(null=True)
+    mig = models.BooleanField(default=False)  # carries MIG devices, static or dynamic
+    dynamic = models.BooleanField(default=False)  # partitionable (dynamic MIG)
+    whole_allocated = models.BooleanField(default=False)  # its full-GPU device is allocated
+    tainted = models.BooleanField(default=False)  # one of its devices carries a NoSchedule/NoExecute taint
+    taints = models.JSONField(default=list)  # its devices' taints as "key=value:Effect", once each
+    compute_slices_used = models.SmallIntegerField(default=0)  # of its allocated devices, uncapped
+    compute_slices_allocated = models.SmallIntegerField(default=0)  # capped at 7: the count pages show
+    devices = models.IntegerField(default=0)
+    devices_allocated = models.IntegerField(default=0)
+    partitions_free = models.IntegerField(default=0)
+    partitions_unavailable = models.IntegerField(default=0)  # tainted, or blocked by shared counters
+    reserved = models.BooleanField(default=False)  # held by a claim a consumer uses
+    unreserved = models.BooleanField(default=False)  # held by a claim nobody uses: a suspected leak
+    holders = models.JSONField(default=list)  # "namespace/name" of the claims holding its devices
+    claims = models.IntegerField(default=0)  # how many: the heatmap reads this, not the list
+    # A device of it is blocked by the counters its allocated siblings use (the heatmap's rule:
+    # fleet.heatmap.blocked_devices), and its MIG layout as the heatmap shows it (fleet.heatmap.layout).
+    counter_blocked = models.BooleanField(default=False)
+    layout = models.TextField(blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["cluster", "driver", "pool", "gpu_uuid"], name="gpustate_key")
+        ]
+        indexes = [
+            models.Index(fields=["cluster", "model"], name="gpustate_model"),
+            models.Index(fields=["cluster", "pool"], name="gpustate_pool"),
+            models.Index(fields=["cluster", "node_name"], name="gpustate_node"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.cluster_id}/{self.pool}/{self.gpu_uuid}"
+
+
+class DeviceGroupState(models.Model):
+    """The read model's device counts: per unit of :func:`fleet.counts.units` (a physical GPU, or a device
+    outside any GPU) and (model, kind, MIG profile), its devices by state. Summing rows gives the
+    overview's and the summary's groups, with a plain ``GROUP BY``.
+
+    Written only by ``fleet.ingest.gpu_state``, with :class:`GpuState`.
+    """
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE)
+    driver = models.CharField(max_length=63)
+    pool = models.CharField(max_length=253)
+    unit = models.CharField(max_length=400)  # "gpu:<uuid>" or "device:<driver>/<pool>/<name>"
+    node_name = models.CharField(max_length=253, blank=True)
+    model = models.CharField(max_length=16)
+    kind = models.CharField(max_length=8)
+    profile = models.CharField(max_length=64, blank=True)
+    total = models.IntegerField(default=0)
+    allocated = models.IntegerField(default=0)
+    reserved = models.IntegerField(default=0)
+    unavailable = models.IntegerField(default=0)
+    tainted = models.IntegerField(default=0)
+    free = models.IntegerField(default=0)
+    memory_bytes = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["cluster", "driver", "pool", "unit", "model", "kind", "profile"],
+                name="devicegroup_key",
+            )
+        ]
+        indexes = [
+            models.Index(fields=["cluster", "model", "kind"], name="devicegroup_model"),
+            models.Index(fields=["cluster", "pool"], name="devicegroup_pool"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.cluster_id}/{self.unit}/{self.kind}/{self.profile}"

@@ -1,7 +1,7 @@
 """Pure builders for the fleet pages: per-cluster counts by state, stream health and the MIG slot view.
 
-Counting is :mod:`fleet.counts`' (through :func:`fleet.selectors.summarize`); this module lays the counts
-out per cluster, and MIG devices on their GPU's slots.
+Counting is :mod:`fleet.counts`' (stored per GPU by the read model, read by :mod:`fleet.readmodel`); this
+module lays the counts out per cluster, and MIG devices on their GPU's slots.
 """
 
 from __future__ import annotations
@@ -16,9 +16,8 @@ from datetime import datetime
 from typing import Any, cast
 
 from django.core.cache import cache
-from django.db import connection
 
-from fleet import counts, selectors
+from fleet import counts, readmodel, selectors
 from fleet.filters import FleetFilter
 from fleet.models import stream_status
 from fleet.normalize import FULL_GPU_SLICES
@@ -26,10 +25,7 @@ from fleet.selectors import (
     CounterSets,
     DeviceKey,
     FleetSummary,
-    GroupCount,
     Holder,
-    OverviewGpuRow,
-    OverviewGroupRow,
     summarize,
     unavailable_devices,
 )
@@ -98,44 +94,6 @@ def cluster_overviews(
     out = []
     for cid, name in sorted(cluster_names.items(), key=lambda item: item[1]):
         out.append(ClusterOverview(name, summarize(by_cluster.get(cid, []), holders, counter_sets)))
-    return out
-
-
-def overviews_from_counts(
-    groups: Iterable[OverviewGroupRow],
-    gpus: Iterable[OverviewGpuRow],
-    counter_devices: list[dict[str, Any]],
-    counter_sets: CounterSets,
-    cluster_names: Mapping[int, str],
-) -> list[ClusterOverview]:
-    """What :func:`cluster_overviews` builds from every device, from the database's counts instead
-    (:func:`fleet.selectors.overview_counts`, :data:`fleet.counts.SQL_GROUP_COUNTS`): the counter rule
-    over ``counter_devices`` (the devices that consume counters, with ``allocated``), the only devices
-    whose state needs their counters, moves the blocked ones from free to unavailable."""
-    allocated = {key_of(d) for d in counter_devices if d["allocated"]}
-    summaries = {cid: FleetSummary() for cid in cluster_names}
-    by_group: dict[tuple[int, str, str, str], GroupCount] = {}
-    for cid, model, kind, profile, *aggregates in groups:
-        if cid not in summaries:
-            continue
-        g = counts.group_of_aggregates(model, kind, profile, *aggregates)
-        by_group[(cid, model, kind, profile)] = g
-        summaries[cid].groups.append(g)
-        summaries[cid].devices += g.total
-        summaries[cid].allocated += g.allocated
-    by_key = {key_of(d): d for d in counter_devices}
-    for key in unavailable_devices(counter_devices, allocated, counter_sets):
-        d = by_key[key]
-        counts.add_blocked(by_group[(d["cluster_id"], d["model"], d["kind"], d["mig_profile"])], d["tainted"])
-    for cid, model, *totals in gpus:
-        if cid in summaries:
-            summaries[cid].models.append(counts.model_of_aggregates(model, *totals))
-    out = []
-    for cid, name in sorted(cluster_names.items(), key=lambda item: item[1]):
-        s = summaries[cid]
-        s.groups.sort(key=lambda g: (g.model, g.kind, g.profile))
-        s.models.sort(key=lambda t: t.model)
-        out.append(ClusterOverview(name, s))
     return out
 
 
@@ -358,8 +316,8 @@ def fragmentation(gpus: Iterable[MigGpu]) -> list[Fragmentation]:
 
 
 def overviews_per_device(filters: FleetFilter, cluster_names: Mapping[int, str]) -> list[ClusterOverview]:
-    """The overview's counts from every current device in Python: for databases without the aggregates of
-    :func:`fleet.selectors.overview_counts` (SQLite), and the rule those are tested against."""
+    """The overview's counts from every current device in Python: what the read model's rows are tested
+    against (and the benchmarks' baseline)."""
     ids = list(cluster_names)
     devices, counter_sets = selectors.heatmap_devices(ids, model=filters.model, pool=filters.pool)
     labels = selectors.node_labels(ids) if filters.label else {}
@@ -413,16 +371,15 @@ def load_cluster_overviews(filters: FleetFilter, cluster_names: Mapping[int, str
 def compute_overviews(
     scope: selectors.OverviewScope, filters: FleetFilter, cluster_names: Mapping[int, str]
 ) -> list[ClusterOverview]:
-    """The overview's counts, uncached: PostgreSQL aggregates them (the L fleet's 100,000 devices in SQL);
-    the embedded SQLite counts a device at a time in Python by the same rules (tested equal)."""
-    if connection.vendor != "postgresql":
-        return overviews_per_device(filters, cluster_names)
-    aggregates = selectors.overview_counts(scope)
-    pools = {d["pool"] for d in aggregates.counter_devices}
-    counter_sets = selectors.overview_counter_sets(scope, pools) if pools else {}
-    return overviews_from_counts(
-        aggregates.groups, aggregates.gpus, aggregates.counter_devices, counter_sets, cluster_names
+    """The overview's counts, uncached: the per-GPU read model's GPU and MIG rows of the scope, added up
+    by two indexed aggregates (the same on every database)."""
+    per_cluster = readmodel.summaries(
+        readmodel.Scope(scope.cluster_ids, scope.model, scope.pool, scope.nodes, gpu_devices_only=True)
     )
+    return [
+        ClusterOverview(name, per_cluster.get(cid) or FleetSummary())
+        for cid, name in sorted(cluster_names.items(), key=lambda item: item[1])
+    ]
 
 
 def _digest(value: object) -> str:

@@ -128,14 +128,14 @@ def _unannounced() -> Iterator[None]:
 
     It swaps ingest's listener list for the duration, process-wide: replay before anything else ingests in
     this process (the demo replays before its streams and server start)."""
-    listeners, publish = ingest._listeners[:], ingest.publish
-    ingest._listeners.clear()
-    ingest.publish = lambda event: None  # _notify looks it up at call time
+    listeners, publish = ingest.events._listeners[:], ingest.events.publish
+    ingest.events._listeners.clear()
+    ingest.events.publish = lambda event: None  # _notify looks it up at call time
     try:
         yield
     finally:
-        ingest._listeners[:] = listeners
-        ingest.publish = publish
+        ingest.events._listeners[:] = listeners
+        ingest.events.publish = publish
 
 
 def replay(

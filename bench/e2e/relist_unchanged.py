@@ -28,8 +28,8 @@ from bench.e2e.simserver import build  # noqa: E402
 from fleet import ingest  # noqa: E402
 from fleet.importer import INGEST_ORDER, ImportReport, normalize_many  # noqa: E402
 
-_fenced = ingest._conflict_sql
-_stored_versions = ingest._stored_versions
+_fenced = ingest.sql.conflict_sql
+_stored_versions = ingest.apply.stored_versions
 
 
 def _equal_passes(*args: Any, **kwargs: Any) -> str:
@@ -44,8 +44,8 @@ def _nothing_stored(*args: Any) -> dict[Any, Any]:
 
 def use(mode: str) -> None:
     after = mode == "after"
-    ingest._conflict_sql = _fenced if after else _equal_passes
-    ingest._stored_versions = _stored_versions if after else _nothing_stored  # type: ignore[assignment]
+    ingest.sql.conflict_sql = _fenced if after else _equal_passes
+    ingest.apply.stored_versions = _stored_versions if after else _nothing_stored  # type: ignore[assignment]
 
 
 def main(argv: list[str]) -> int:
@@ -53,7 +53,7 @@ def main(argv: list[str]) -> int:
     sim, _, _ = build("L")
     cluster = ingest.get_or_create_cluster("sim")
     events: list[dict[str, Any]] = []
-    ingest._notify = events.append  # type: ignore[assignment]  # no channel layer, no diagnosis trigger
+    ingest.events._notify = events.append  # type: ignore[assignment]  # no channel layer, no diagnosis trigger
     lists: dict[str, tuple[list[Any], int]] = {}
     for kind in INGEST_ORDER:
         objects, listed_at = sim.list(kind)

@@ -103,9 +103,7 @@ def visibility_for(user: Any) -> Visibility:
     elif settings.CLAIMSCOPE_VISIBILITY == "kubernetes":
         vis = _from_kubernetes(user)
     else:
-        # Through the app registry: fleet modules import this one, and fleet never imports claims.
-        grant = NamespaceGrant
-        pairs = grant.objects.filter(user_id=user.pk).values_list("cluster__name", "namespace")
+        pairs = NamespaceGrant.objects.filter(user_id=user.pk).values_list("cluster__name", "namespace")
         vis = Visibility(
             False, frozenset((cluster or ALL_CLUSTERS, namespace) for cluster, namespace in pairs)
         )
@@ -122,8 +120,8 @@ def _from_kubernetes(user: Any) -> Visibility:
     rbac = kube_rbac.rbac_clusters()
     others = set(Cluster.objects.values_list("name", flat=True)) - rbac
     pairs: set[tuple[str, str]] = set()
-    grant = NamespaceGrant
-    for cluster, namespace in grant.objects.filter(user_id=user.pk).values_list("cluster__name", "namespace"):
+    grants = NamespaceGrant.objects.filter(user_id=user.pk).values_list("cluster__name", "namespace")
+    for cluster, namespace in grants:
         names = others if cluster is None else ({cluster} & others)
         pairs.update((name, namespace) for name in names)
     whole: set[str] = set()

@@ -27,7 +27,7 @@ from django.db.models import (
     Window,
 )
 
-from fleet import commit_counter, counts, selectors
+from fleet import commit_counter, counts, readmodel
 from fleet.counts import FleetSummary
 from fleet.models import Cluster, Device, DeviceAllocation, ResourceClaim, ResourceSlice
 from fleet.normalize import FULL_GPU_SLICES
@@ -37,7 +37,6 @@ log = logging.getLogger(__name__)
 
 
 def _allocations() -> QuerySet[Any]:
-    # Through the app registry: fleet never imports claims (see fleet.selectors.allocated_keys).
     return DeviceAllocation.objects.filter(admin_access=False)
 
 
@@ -92,8 +91,7 @@ def claim_names(cluster_uids: set[tuple[int, str]]) -> dict[tuple[int, str], str
     """``namespace/name`` of claims by (cluster id, uid), in one query."""
     if not cluster_uids:
         return {}
-    claim = ResourceClaim
-    rows = claim.objects.filter(
+    rows = ResourceClaim.objects.filter(
         cluster_id__in={c for c, _ in cluster_uids}, uid__in={u for _, u in cluster_uids}
     ).values_list("cluster_id", "uid", "namespace", "name")
     return {(c, u): f"{ns}/{n}" for c, u, ns, n in rows}
@@ -158,9 +156,8 @@ def fleet_version() -> tuple[Any, ...]:
     """Changes whenever ingest commits a change: the counter it bumps after each commit
     (:mod:`fleet.commit_counter`), and, should the cache lose that counter, the row counts and the latest
     ``synced_at`` ingest stamps on every slice or claim it writes."""
-    claim = ResourceClaim
     slices = ResourceSlice.objects.aggregate(n=Count("id"), t=Max("synced_at"))
-    claims = claim.objects.aggregate(n=Count("id"), t=Max("synced_at"))
+    claims = ResourceClaim.objects.aggregate(n=Count("id"), t=Max("synced_at"))
     counts = (Cluster.objects.count(), slices["n"], slices["t"], claims["n"], claims["t"])
     return (commit_counter.current(), *counts)
 
@@ -227,17 +224,13 @@ def summary_of_cluster(whole: dict[str, Any], cluster_id: int | None) -> dict[st
 
 
 def compute_summary(cluster_id: int | None = None) -> dict[str, Any]:
-    """Partition-aware counts per cluster and for the whole fleet, by model, MIG profile and state."""
-    devices, counter_sets = selectors.current_devices(cluster_id)
-    holders = selectors.allocation_holders(None if cluster_id is None else [cluster_id])
+    """Partition-aware counts per cluster and for the whole fleet, by model, MIG profile and state (the
+    per-GPU read model's, two indexed aggregates)."""
+    per_cluster = readmodel.summaries(readmodel.Scope(None if cluster_id is None else (cluster_id,)))
     names = cluster_names()
-    by_cluster: dict[int, list[dict[str, Any]]] = defaultdict(list)
-    for d in devices:
-        by_cluster[d["cluster_id"]].append(d)
-    per_cluster = {
-        cid: selectors.summarize(rows, holders, counter_sets) for cid, rows in sorted(by_cluster.items())
-    }
     return {
-        "clusters": [{"cluster": names.get(cid, str(cid)), **s.as_dict()} for cid, s in per_cluster.items()],
+        "clusters": [
+            {"cluster": names.get(cid, str(cid)), **s.as_dict()} for cid, s in sorted(per_cluster.items())
+        ],
         "total": counts.merge(per_cluster.values()).as_dict(),
     }

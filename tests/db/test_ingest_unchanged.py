@@ -26,7 +26,7 @@ def published(monkeypatch, django_capture_on_commit_callbacks):
     """``with published() as events:`` collects the change events of the batches inside (published at
     their commit, which the test transaction only simulates: the callbacks run when the block ends)."""
     events: list[dict] = []
-    monkeypatch.setattr(ingest, "publish", events.append)
+    monkeypatch.setattr(ingest.events, "publish", events.append)
 
     @contextmanager
     def capture():

@@ -42,3 +42,23 @@ def test_a_relist_over_stored_rows_leaves_analyzing_to_autovacuum():
     records = [slice_record(f"node-{i}", 10 + i, gpus=8) for i in range(20)]
     ingest.replace_all(cluster, "ResourceSlice", records, 200)
     assert Device.objects.count() == 160 and estimated_rows("fleet_device") == 8
+
+
+def test_a_large_batch_analyzes_the_tables_it_grew_and_the_read_model():
+    # An import or a fleet built by batches is a bulk load too: the planner must not plan it as empty.
+    analyze_now("fleet_resourceslice", "fleet_device", "fleet_gpustate")
+    cluster = ingest.get_or_create_cluster("stats")
+    records = [slice_record(f"node-{i}", 10 + i, gpus=1) for i in range(600)]
+    ingest.apply_batch(cluster, "ResourceSlice", [ingest.Change("upsert", r) for r in records])
+    assert estimated_rows("fleet_resourceslice") == 600
+    assert estimated_rows("fleet_device") == Device.objects.count() == 600
+    assert estimated_rows("fleet_gpustate") == 600
+
+
+def test_a_small_watch_batch_leaves_analyzing_to_autovacuum():
+    cluster = ingest.get_or_create_cluster("stats")
+    records = [slice_record(f"node-{i}", 10 + i, gpus=1) for i in range(600)]
+    ingest.apply_batch(cluster, "ResourceSlice", [ingest.Change("upsert", r) for r in records])
+    more = [slice_record(f"more-{i}", 1000 + i, gpus=1) for i in range(10)]
+    ingest.apply_batch(cluster, "ResourceSlice", [ingest.Change("upsert", r) for r in more])
+    assert Device.objects.count() == 610 and estimated_rows("fleet_device") == 600

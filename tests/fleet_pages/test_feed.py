@@ -33,7 +33,7 @@ FILTERS = [
 def events(monkeypatch):
     """Change events as published (after commit), in order."""
     published: list[dict] = []
-    monkeypatch.setattr(ingest, "publish", published.append)
+    monkeypatch.setattr(ingest.events, "publish", published.append)
     return published
 
 

@@ -1,8 +1,8 @@
 """The allocation chart (history samples) and the overview table count a model's compute slices alike.
 
-The overview counts with PostgreSQL aggregates (``selectors.overview_counts``), the sampler with the
-per-device rule (``selectors.summarize``): a sample taken now must show what the table shows now, on the
-varied fleet (stale generations, blocked and tainted devices, adminAccess and orphaned allocations)."""
+Both read the per-GPU read model (the overview scoped to GPU and MIG devices, the sampler through
+``selectors.fleet_summary``): a sample taken now must show what the table shows now, on the varied fleet
+(stale generations, blocked and tainted devices, adminAccess and orphaned allocations)."""
 
 from django.utils import timezone
 

@@ -47,7 +47,7 @@ def load_monday(monkeypatch) -> None:
         flush_interval=0.05, watch_timeout=0.1, idle_timeout=5, backoff_min=0.01, backoff_max=0.02
     )
     with monkeypatch.context() as patch:
-        patch.setattr(ingest, "_listeners", [])
+        patch.setattr(ingest.events, "_listeners", [])
         for kind in INGEST_ORDER:
             Reflector(cluster, kind, monday_simulation().cluster, config).run(
                 threading.Event(), max_watches=1

@@ -41,8 +41,8 @@ def monday(django_db_setup, django_db_blocker):
         with pytest.MonkeyPatch.context() as mp:
             # Nobody consumes the change events or the debounced diagnosis here: the replay runs the
             # diagnosis itself on the simulated clock.
-            mp.setattr(ingest, "publish", lambda event: None)
-            mp.setattr(ingest, "_listeners", [])
+            mp.setattr(ingest.events, "publish", lambda event: None)
+            mp.setattr(ingest.events, "_listeners", [])
             cluster = replay.replay(played(), diagnose_every=timedelta(hours=1))
         users = get_user_model().objects
         users.create_superuser("oncall", password=PASSWORD)

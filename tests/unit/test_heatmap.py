@@ -1,4 +1,4 @@
-"""Pure heatmap builders: GPU records from the SQL aggregate, and rows derived from records per filter."""
+"""Pure heatmap builders: GPU records from the per-GPU read model, and rows derived from them per filter."""
 
 from __future__ import annotations
 
@@ -26,20 +26,19 @@ def gpu(cid=1, node="n1", index=0, model="H100", pool="n1", used=0, flags=0, lay
     )
 
 
-def test_sql_rows_become_records_with_layout_claims_and_flags_as_the_python_build_makes_them():
+def test_read_model_rows_become_records_with_flags_and_the_pool_for_a_missing_node():
     rows = [
-        # cluster, driver, pool, uuid, node, model, index, used, tainted, reserved, unreserved, dynamic,
-        # counters held, profiles, claims
-        (1, "d", "p", "u0", "n", "H100", 0, 3, True, True, False, False, False,
-         "1 1g.10gb 0\n3 3g.40gb 1\n2 2g.20gb 0", "ns/a\nns/a\nns/b"),
-        (1, "d", "p", "u1", "n", "H100", 1, 2, False, False, True, True, True, "2 2g.20gb 1", "ns/c"),
-        (1, "d", "p", "u2", "n", "H100", 2, 0, False, False, False, True, False, None, None),
-    ]  # fmt: skip
-    static, dynamic, idle = heatmap.gpus_of_sql_rows(rows, blocked_gpus={(1, "u1")})
+        # cluster, driver, pool, uuid, node, model, index, used, tainted, reserved, unreserved,
+        # counter blocked, layout, claims
+        (1, "d", "p", "u0", "n", "H100", 0, 3, True, True, False, False, "3g.40gb 2g.20gb 1g.10gb", 2),
+        (1, "d", "p", "u1", "n", "H100", 1, 2, False, False, True, True, "dynamic 2g.20gb", 1),
+        (1, "d", "p", "u2", "", "H100", 2, 0, False, False, False, False, "dynamic", 0),
+    ]
+    static, dynamic, idle = heatmap.gpus_of_states(rows)
     assert static.layout == "3g.40gb 2g.20gb 1g.10gb" and static.claims == 2
     assert static.flags == heatmap.TAINTED | heatmap.RESERVED
     assert dynamic.layout == "dynamic 2g.20gb" and dynamic.flags == heatmap.UNRESERVED | heatmap.UNAVAILABLE
-    assert idle.layout == "dynamic" and idle.claims == 0 and idle.flags == 0
+    assert idle.layout == "dynamic" and idle.claims == 0 and idle.flags == 0 and idle.node == "p"
 
 
 def test_rows_are_filtered_per_gpu_and_take_model_and_pool_from_the_lowest_index():

@@ -49,8 +49,8 @@ def sim() -> Simulation:
 @pytest.fixture
 def cluster(db, sim, monkeypatch) -> Cluster:
     # Nobody consumes change events here; the fleet rows are what the join reads.
-    monkeypatch.setattr(ingest, "publish", lambda event: None)
-    monkeypatch.setattr(ingest, "_listeners", [])
+    monkeypatch.setattr(ingest.events, "publish", lambda event: None)
+    monkeypatch.setattr(ingest.events, "_listeners", [])
     c = ingest.get_or_create_cluster(CLUSTER)
     import_objects(c, scenario.grouped(sim.cluster))
     return c

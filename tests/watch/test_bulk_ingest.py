@@ -96,16 +96,16 @@ def test_initial_relists_of_two_kinds_of_a_cluster_run_at_the_same_time(monkeypa
     # sync's exclusive lock is per (cluster, kind), so one kind's COPY never waits for another's commit.
     cluster = ingest.get_or_create_cluster("concurrent")
     fresh: list[tuple[str, bool]] = []
-    lock_if_fresh = ingest._lock_if_fresh
+    lock_if_fresh = ingest.locks.lock_if_fresh
 
     def spy(cluster, kind, spec):
         fresh.append((kind, lock_if_fresh(cluster, kind, spec)))
         return fresh[-1][1]
 
-    monkeypatch.setattr(ingest, "_lock_if_fresh", spy)
+    monkeypatch.setattr(ingest.locks, "lock_if_fresh", spy)
     # No change events: their listeners (diagnosis, summary) are not under test here, and with them an
     # extra session could outlive the test and block dropping the test database.
-    monkeypatch.setattr(ingest, "_notify", lambda event: None)
+    monkeypatch.setattr(ingest.events, "_notify", lambda event: None)
     copied, release = threading.Event(), threading.Event()
 
     def node_relist() -> None:

@@ -1,5 +1,5 @@
-"""How the namespaced kinds (claims, templates, pods, events) are stored: registered with ``fleet.ingest``
-when the fleet app loads. The analysis hooks claim batches (``claims.history``): :func:`set_claim_hooks`."""
+"""How the namespaced kinds (claims, templates, pods, events) are stored: registered when ``fleet.ingest``
+loads. The analysis hooks claim batches (``claims.history``): :func:`set_claim_hooks`."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-from fleet.ingest import SPECS, ChildSpec, TableSpec, register
+from fleet.ingest.specs import SPECS, ChildSpec, TableSpec, register
 from fleet.models import (
     Cluster,
     DeviceAllocation,
@@ -94,7 +94,7 @@ def _event_row(r: EventRecord) -> dict[str, Any]:
     }
 
 
-def register_all() -> None:
+def _register_all() -> None:
     register(
         "ResourceClaim",
         TableSpec(
@@ -133,6 +133,9 @@ def register_all() -> None:
         ),
     )
     register("Event", TableSpec(SchedulingEvent, NAMESPACED, _event_row))
+
+
+_register_all()
 
 
 def set_claim_hooks(

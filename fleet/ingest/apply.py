@@ -1,0 +1,179 @@
+"""Applying a batch of watch events, or a whole list (relist), in one transaction."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from decimal import Decimal
+
+from django.db import models, transaction
+from django.utils import timezone
+
+from fleet.ingest import events, gpu_state, locks, rows, statistics
+from fleet.ingest import pools as pool_discovery
+from fleet.ingest.specs import SPECS, BatchResult, Change, CursorUpdate, TableSpec
+from fleet.models import Cluster, WatchCursor
+from fleet.normalize import Record
+
+log = logging.getLogger(__name__)
+
+
+def apply_batch(
+    cluster: Cluster,
+    kind: str,
+    changes: Sequence[Change],
+    cursor: CursorUpdate | None = None,
+    observed_at: datetime | None = None,
+) -> BatchResult:
+    """Apply watch events of one kind in one transaction; the last change per object wins.
+
+    ``observed_at`` (default: now) is when the changes were seen; history hooks use it where Kubernetes gives
+    no time of its own (a replay passes the simulated time)."""
+    spec = SPECS[kind]
+    observed_at = observed_at or timezone.now()
+    last: dict[tuple[str, ...], Change] = {}
+    for change in changes:
+        last[spec.key_of(change.record)] = change
+    upserts = [c.record for c in last.values() if c.op == "upsert"]
+    deletes = [c.record for c in last.values() if c.op == "delete"]
+    with transaction.atomic():
+        locks.stream_lock(cluster, kind, exclusive=False)
+        result = BatchResult(kind)
+        touched = [*upserts, *deletes]
+        pools = pool_discovery.child_pools(cluster, spec, touched)  # the rows about to be replaced or deleted
+        result.written = rows.upsert(cluster, spec, upserts, observed_at)
+        result.stale = len(upserts) - len(result.written)
+        result.deleted = rows.delete(cluster, spec, deletes, observed_at)
+        # ... and those written in their place (nothing written or deleted: no event, no pools needed)
+        after = pool_discovery.child_pools(cluster, spec, touched) if result.changed else set()
+        result.pools = None if pools is None or after is None else pools | after
+        # Before the read model reads what the batch wrote: its joins must not be planned as if empty.
+        grown = statistics.analyze_if_grown(
+            spec.model, len(result.written) + len(result.deleted), tables_of(spec)
+        )
+        if result.changed and pool_discovery.pooled(spec):
+            # The per-GPU read model of the pools whose devices or allocations the batch changed.
+            gpu_state.refresh(cluster.pk, None if result.pools is None else {p for _, p in result.pools})
+        if cursor:
+            locks.save_cursor(cluster, kind, cursor, forward_only=True)
+        events.publish_on_commit(cluster, result)
+    if grown and pool_discovery.pooled(spec):
+        statistics.analyze(gpu_state.READ_MODEL)  # after commit: two batches never wait on each other here
+    return result
+
+
+def replace_all(
+    cluster: Cluster,
+    kind: str,
+    records: Iterable[Record],
+    list_resource_version: int,
+    cursor: bool = True,
+    observed_at: datetime | None = None,
+) -> BatchResult:
+    """After a list: upsert every record; delete stored objects absent from it, unless newer than the list.
+
+    ``records`` may be lazy (a generator normalizing the list): on a cluster's initial sync they are
+    consumed while COPY streams them, so normalizing overlaps the server's work on the rows already sent;
+    otherwise they are collected first."""
+    spec = SPECS[kind]
+    observed_at = observed_at or timezone.now()
+    with transaction.atomic():
+        fresh = locks.lock_if_fresh(
+            cluster, kind, spec
+        )  # the stream's lock: exclusive when fresh, else shared
+        result = BatchResult(kind)
+        pooled = pool_discovery.pooled(spec)
+        everything = fresh  # the read model's rows to recompute: the cluster's, or those of ``touched``
+        touched: set[tuple[str, str]] = set()
+        stored = WatchCursor.objects.filter(cluster=cluster, kind=kind).values_list(
+            "resource_version", flat=True
+        )
+        if stored and int(stored[0]) > list_resource_version:
+            # The server went back in time (etcd restored, cluster rebuilt under the same name): our
+            # rows may carry versions the server will never reach again, so the fence cannot apply.
+            log.warning("%s/%s: list at %d is older than our cursor %d; replacing all", cluster.name, kind,
+                        list_resource_version, int(stored[0]))  # fmt: skip
+            records = list(records)
+            all_keys = [
+                tuple(k)
+                for k in spec.model._default_manager.filter(cluster=cluster).values_list(*spec.natural_key)
+            ]
+            everything = True
+            # Objects the list still has are rewritten below: for the history they never went away.
+            listed_uids = {r.meta.uid for r in records}
+            rows.delete_keys(cluster, spec, all_keys, observed_at, keep_history_of=listed_uids)
+        if fresh:
+            result.written = rows.upsert(cluster, spec, records, observed_at, fresh=True)
+            count = len(result.written)  # every record: nothing stored to be newer
+        else:
+            listed = list(records)
+            # Most of a relist is what is stored already, at the same resourceVersion (the same object): left
+            # out before the upsert, so they cost one read of the versions instead of a staged row each. The
+            # fence would skip them too (a concurrent writer is still ordered by it).
+            stored_at = stored_versions(cluster, spec)
+            newer = [r for r in listed if stored_at.get(spec.key_of(r)) != r.meta.resource_version]
+            if pooled and not everything:  # the pools of the rows about to be replaced
+                touched |= pool_discovery.child_pools(cluster, spec, newer)
+            result.written = rows.upsert(cluster, spec, newer, observed_at)
+            if pooled and not everything and result.written:  # ... and of those written in their place
+                touched |= pool_discovery.child_pools(cluster, spec, newer)
+            count = len(listed)
+        result.stale = count - len(result.written)
+        result.resync = True
+        if not fresh:  # else nothing was stored, so nothing can be absent from the list
+            present = {spec.key_of(r) for r in listed}
+            absent = [
+                key
+                for key in spec.model._default_manager.filter(
+                    cluster=cluster, resource_version__lte=list_resource_version
+                ).values_list(*spec.natural_key)
+                if tuple(key) not in present
+            ]
+            if pooled and not everything:
+                touched |= pool_discovery.stored_pools(cluster, spec, [tuple(k) for k in absent])
+            # Deleted only if still not newer than the list when the DELETE runs (a watch batch may have
+            # committed a newer version since the read above).
+            result.deleted = rows.delete_keys(
+                cluster, spec, [tuple(k) for k in absent], observed_at, max_version=list_resource_version
+            )
+        # Before the read model reads what the relist wrote (see apply_batch); an initial sync always.
+        if fresh:
+            statistics.analyze(tables_of(spec))
+        grown = fresh or statistics.analyze_if_grown(
+            spec.model, len(result.written) + len(result.deleted), tables_of(spec)
+        )
+        if result.changed and pooled:
+            gpu_state.refresh(cluster.pk, None if everything else {p for _, p in touched})
+        if cursor:
+            locks.save_cursor(cluster, kind, CursorUpdate(list_resource_version, "watching", objects=count))
+        events.publish_on_commit(cluster, result)
+    if grown and pool_discovery.pooled(spec):
+        statistics.analyze(gpu_state.READ_MODEL)
+    return result
+
+
+def tables_of(spec: TableSpec) -> list[type[models.Model]]:
+    """The mirrored tables a batch of the kind writes: its own and its children's."""
+    return [spec.model, *(c.model for c in spec.children)]
+
+
+def stored_versions(cluster: Cluster, spec: TableSpec) -> dict[tuple[str, ...], Decimal]:
+    """Natural key -> stored resourceVersion of every object of the kind in ``cluster`` (for replace_all)."""
+    rows = spec.model._default_manager.filter(cluster=cluster).values_list(
+        *spec.natural_key, "resource_version"
+    )
+    return {tuple(row[:-1]): row[-1] for row in rows}
+
+
+def get_or_create_cluster(name: str, description: str = "") -> Cluster:
+    cluster, _ = Cluster.objects.get_or_create(name=name, defaults={"description": description})
+    return cluster
+
+
+def drop_cluster(name: str) -> None:
+    """Forget a cluster and everything mirrored from it (the demo starts each run from scratch)."""
+    Cluster.objects.filter(name=name).delete()
+
+
+# ------------------------------------------------------------------------------------------- SQL

@@ -1,0 +1,178 @@
+"""The writer of the per-GPU read model (:class:`~fleet.models.GpuState` and its device counts).
+
+Called by :mod:`fleet.ingest.apply` inside the transaction of every batch that wrote or deleted devices or
+allocations, with the pools the batch touched: those pools' rows are recomputed from their current
+devices and allocations (a pool is the unit because the dynamic-MIG counter rule and the newest
+generation are per pool, and a GPU's devices are published in one pool). A relist recomputes the pools of
+what it wrote or deleted; an initial sync, the whole cluster.
+The rows come from :func:`rows_of`, a pure function over the same inputs the per-device counts read, so
+the read model counts by :mod:`fleet.counts`' rules only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from typing import Any
+
+import orjson
+from django.db.models import QuerySet, TextField
+from django.db.models.functions import Cast
+
+from fleet import counts, heatmap, selectors
+from fleet.ingest import locks
+from fleet.ingest.sql import write_rows
+from fleet.models import Device, DeviceGroupState, GpuState, ResourceSlice
+from fleet.normalize import FULL_GPU_SLICES
+from fleet.selectors import CounterSets, DeviceKey, Holder
+
+DEVICE_FIELDS = (*selectors.SUMMARY_FIELDS, "node_name", "gpu_minor", "taints")
+READ_MODEL = (GpuState, DeviceGroupState)
+
+
+def rows_of(
+    devices: Sequence[Mapping[str, Any]],
+    holders: Mapping[DeviceKey, list[Holder]],
+    counter_sets: CounterSets,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The read model's rows (GpuState's, DeviceGroupState's, as column dicts) of some pools' current
+    devices (dicts with :data:`DEVICE_FIELDS`), the claims holding them (:func:`selectors.allocation_holders`)
+    and the pools' counter sets. Pure; precondition: every pool of ``devices`` is complete (all its current
+    devices and their holders and counter sets are given), since the counter rule is per pool."""
+    allocated = set(holders)
+    blocked = selectors.unavailable_devices(list(devices), allocated, counter_sets)  # type: ignore[arg-type]
+    shown_blocked = heatmap.shown_blocked(devices, allocated, blocked)
+    units = counts.units(devices, allocated, selectors.reserved_keys(holders), blocked)
+    first: dict[counts.UnitKey, Mapping[str, Any]] = {}
+    members: dict[counts.UnitKey, list[Mapping[str, Any]]] = {}
+    for d in devices:
+        key = counts.unit_key(d)
+        first.setdefault(key, d)
+        members.setdefault(key, []).append(d)
+    gpus: list[dict[str, Any]] = []
+    groups: list[dict[str, Any]] = []
+    for key, unit in units.items():
+        d0 = first[key]
+        where = {"cluster_id": key[0], "driver": d0["driver"], "pool": d0["pool"]}
+        for g in unit.groups.values():
+            groups.append(
+                {
+                    **where,
+                    "unit": key[1],
+                    "node_name": d0["node_name"],
+                    "model": g.model,
+                    "kind": g.kind,
+                    "profile": g.profile,
+                    "total": g.total,
+                    "allocated": g.allocated,
+                    "reserved": g.reserved,
+                    "unavailable": g.unavailable,
+                    "tainted": g.tainted,
+                    "free": g.free,
+                    "memory_bytes": g.memory_bytes,
+                }
+            )
+        if unit.gpu is not None:
+            gpus.append({**where, **_gpu_row(unit, members[key], holders, shown_blocked)})
+    return gpus, groups
+
+
+def _gpu_row(
+    unit: counts.Unit,
+    devices: list[Mapping[str, Any]],
+    holders: Mapping[DeviceKey, list[Holder]],
+    shown_blocked: set[DeviceKey],
+) -> dict[str, Any]:
+    """A GpuState row's own columns (the heatmap's rules for node, index and holders)."""
+    assert unit.gpu is not None
+    gpu = unit.gpu
+    held = [h for d in devices for h in holders.get(_key(d), ())]
+    names = sorted({f"{h.namespace}/{h.name}" for h in held})
+    taints = sorted({t for d in devices if d["tainted"] for t in counts.taint_text(d["taints"] or ())})
+    whole = [d["gpu_minor"] for d in devices if d["kind"] == "gpu" and d["gpu_minor"] is not None]
+    minors = [d["gpu_minor"] for d in devices if d["gpu_minor"] is not None]
+    groups = unit.groups.values()
+    return {
+        "gpu_uuid": str(devices[0]["gpu_uuid"]),
+        "node_name": devices[0]["node_name"],  # blank when the pool is not node-local
+        "model": gpu.model,
+        "gpu_minor": max(whole) if whole else (min(minors) if minors else None),
+        "mig": gpu.mig,
+        "dynamic": gpu.dynamic,
+        "whole_allocated": gpu.whole,
+        "tainted": gpu.tainted,
+        "taints": taints,
+        "compute_slices_used": gpu.used,
+        "compute_slices_allocated": min(gpu.used, FULL_GPU_SLICES),
+        "devices": unit.devices,
+        "devices_allocated": unit.allocated,
+        "partitions_free": sum(g.free for g in groups if g.kind == "mig"),
+        "partitions_unavailable": sum(g.unavailable for g in groups if g.kind == "mig"),
+        "reserved": any(h.state == "reserved" for h in held),
+        "unreserved": any(h.state != "reserved" for h in held),
+        "holders": names,
+        "claims": len(names),
+        "counter_blocked": any(_key(d) in shown_blocked for d in devices),
+        "layout": heatmap.layout(
+            [
+                (d["compute_slices"], d["mig_profile"], _key(d) in holders)
+                for d in devices
+                if d["kind"] == "mig"
+            ],
+            gpu.dynamic,
+        )
+        if gpu.mig
+        else "",
+    }
+
+
+def _key(d: Mapping[str, Any]) -> DeviceKey:
+    return (d["cluster_id"], d["driver"], d["pool"], d["name"])
+
+
+def _device_dicts(devices: QuerySet[Device]) -> list[dict[str, Any]]:
+    """Device dicts with :data:`DEVICE_FIELDS`; the JSON columns are read as text and decoded by orjson,
+    only where not empty (Django's per-value stdlib decoding was a third of a large refresh)."""
+    plain = [f for f in DEVICE_FIELDS if f not in _JSON_FIELDS]
+    texts = {f"{f}_text": Cast(f, TextField()) for f in _JSON_FIELDS}
+    out = []
+    for d in devices.annotate(**texts).values(*plain, *texts):
+        for f in _JSON_FIELDS:
+            text = d.pop(f"{f}_text")
+            d[f] = orjson.loads(text) if text and text != "[]" else []
+        out.append(d)
+    return out
+
+
+_JSON_FIELDS = ("counters_consumed", "taints")
+
+
+def refresh(cluster_id: int, pools: Collection[str] | None = None) -> int:
+    """Recompute the read model's rows of ``pools`` (pool names, every driver) of a cluster, or of the
+    whole cluster with ``None``, from the stored devices and allocations; returns the GPU rows written.
+    Call inside the ingest transaction that changed them. A constant number of statements."""
+    locks.read_model_lock(cluster_id)
+    slices = ResourceSlice.objects.filter(cluster_id=cluster_id)
+    devices = Device.objects.filter(cluster_id=cluster_id)
+    stored = [m.objects.filter(cluster_id=cluster_id) for m in READ_MODEL]
+    names: list[str] | None = None
+    if pools is not None:
+        names = sorted(set(pools))
+        if not names:
+            return 0
+        slices, devices = slices.filter(pool__in=names), devices.filter(pool__in=names)
+        stored = [rows.filter(pool__in=names) for rows in stored]
+    newest, counter_sets = selectors.newest_generations(slices)
+    current = selectors.of_newest(_device_dicts(devices), newest)
+    holders = selectors.allocation_holders([cluster_id], pools=names)
+    gpus, groups = rows_of(current, holders, counter_sets)
+    for rows in stored:
+        rows.delete()  # nothing refers to these rows: one DELETE each
+    write_rows(GpuState, gpus)
+    write_rows(DeviceGroupState, groups)
+    return len(gpus)
+
+
+def rebuild_all(cluster_ids: Iterable[int]) -> None:
+    """Recompute every cluster's rows (the migration that creates the read model fills it so)."""
+    for cid in cluster_ids:
+        refresh(cid)

@@ -1,0 +1,175 @@
+"""The per-GPU read model: its rows equal the counts computed from devices and allocations, after any
+sequence of batches, and a batch's incremental update equals a full rebuild."""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import random
+from typing import Any
+
+from django.apps import apps as django_apps
+
+from fleet import readmodel, selectors
+from fleet.api import selectors as api_selectors
+from fleet.ingest import gpu_state
+from fleet.models import DeviceGroupState, GpuState
+from fleet.selectors import Holder
+from tests.fleet_pages.conftest import FIXTURE_GPUS, FleetEditor
+
+GPU_COLUMNS = [f.attname for f in GpuState._meta.concrete_fields if not f.primary_key]
+GROUP_COLUMNS = [f.attname for f in DeviceGroupState._meta.concrete_fields if not f.primary_key]
+
+
+def stored_rows() -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    gpus = sorted(map(repr, GpuState.objects.values_list(*GPU_COLUMNS)))
+    groups = sorted(map(repr, DeviceGroupState.objects.values_list(*GROUP_COLUMNS)))
+    return gpus, groups  # type: ignore[return-value]
+
+
+def assert_read_model_is_current(cluster_id: int) -> None:
+    """Rows equal the per-device counts, and what a full rebuild writes."""
+    assert selectors.fleet_summary().as_dict() == selectors.fleet_summary_per_device().as_dict()
+    incremental = stored_rows()
+    gpu_state.refresh(cluster_id)
+    assert stored_rows() == incremental
+
+
+def test_the_imported_fleet_has_one_row_per_physical_gpu(fleet):
+    assert GpuState.objects.filter(cluster=fleet).count() == FIXTURE_GPUS
+    assert_read_model_is_current(fleet.pk)
+
+
+def random_change(editor: FleetEditor, rng: random.Random) -> str:
+    """One watch-like batch on the fixture fleet: taint or untaint devices, deallocate, delete or restore
+    a claim, or delete or restore a slice."""
+    choice = rng.choice(["taint", "untaint", "deallocate", "delete claim", "restore claim", "delete slice",
+                         "restore slice"])  # fmt: skip
+    slices, claims = editor.gpu_slices(), editor.allocated_claims()
+    if choice in ("taint", "untaint"):
+        s = rng.choice(slices)
+        editor.taint_devices(s, rng.randint(1, len(s["spec"]["devices"])), on=choice == "taint")
+    elif choice == "deallocate":
+        editor.deallocate(rng.choice(claims))
+    elif choice == "delete claim":
+        editor.delete("ResourceClaim", rng.choice(claims))
+    elif choice == "restore claim":
+        editor.upsert("ResourceClaim", rng.choice(claims))
+    elif choice == "delete slice":
+        editor.delete("ResourceSlice", rng.choice(slices))
+    else:
+        editor.upsert("ResourceSlice", copy.deepcopy(rng.choice(slices)))
+    return choice
+
+
+def test_after_random_batches_the_rows_equal_the_counts_and_a_full_rebuild(editor):
+    seed = random.randrange(2**32)
+    print(f"seed={seed}")  # rerun a failure with this seed
+    rng = random.Random(seed)
+    for step in range(12):
+        choice = random_change(editor, rng)
+        try:
+            assert_read_model_is_current(editor.cluster.pk)
+        except AssertionError:
+            print(f"after step {step}: {choice}")
+            raise
+    # The API's summary is the read model's too.
+    assert api_selectors.compute_summary()["total"] == selectors.fleet_summary_per_device().as_dict()
+
+
+def test_a_batch_rewrites_only_the_rows_of_the_pools_it_touched(editor):
+    before = {(g.pool, g.gpu_uuid): g.pk for g in GpuState.objects.all()}
+    target = editor.gpu_slices()[0]
+    editor.taint_devices(target, 1)
+    after = {(g.pool, g.gpu_uuid): g.pk for g in GpuState.objects.all()}
+    assert after.keys() == before.keys()
+    rewritten = {key[0] for key in after if after[key] != before[key]}
+    assert rewritten == {target["spec"]["pool"]["name"]}
+
+
+def counter_device(name: str, kind: str, slices: int, memory: int, profile: str = "") -> dict[str, Any]:
+    return {
+        "cluster_id": 1, "driver": "gpu.nvidia.com", "pool": "node-a", "name": name, "model": "B200",
+        "kind": kind, "mig_profile": profile, "memory_bytes": 10 * memory, "tainted": False,
+        "gpu_uuid": "GPU-0", "compute_slices": slices, "pool_generation": 1, "node_name": "node-a",
+        "gpu_minor": 0, "taints": [],
+        "counters_consumed": [{"counterSet": "gpu-0", "counters": {"memory": {"value": str(memory)}}}],
+    }  # fmt: skip
+
+
+def test_a_dynamic_mig_gpu_row_counts_partitions_blocked_by_its_allocated_sibling():
+    devices = [
+        counter_device("gpu-0", "gpu", 7, 8),
+        counter_device("gpu-0-3g-a", "mig", 3, 4, "3g.90gb"),
+        counter_device("gpu-0-3g-b", "mig", 3, 4, "3g.90gb"),
+        counter_device("gpu-0-4g", "mig", 4, 5, "4g.90gb"),
+    ]
+    holders = {(1, "gpu.nvidia.com", "node-a", "gpu-0-3g-a"): [Holder("team", "train", "allocated")]}
+    counter_sets = {(1, "gpu.nvidia.com", "node-a"): {"gpu-0": {"memory": 8}}}
+    (gpu,), groups = gpu_state.rows_of(devices, holders, counter_sets)
+    assert (gpu["mig"], gpu["dynamic"], gpu["whole_allocated"]) == (True, True, False)
+    assert (gpu["compute_slices_used"], gpu["compute_slices_allocated"]) == (3, 3)
+    # 3g-b still fits next to 3g-a (4 + 4 <= 8); the 4g (4 + 5) and the whole GPU (4 + 8) do not.
+    assert (gpu["partitions_free"], gpu["partitions_unavailable"]) == (1, 1)
+    assert (gpu["holders"], gpu["reserved"], gpu["unreserved"]) == (["team/train"], False, True)
+    by_group = {(g["kind"], g["profile"]): g for g in groups}
+    assert by_group[("gpu", "")]["unavailable"] == 1
+    assert (by_group[("mig", "3g.90gb")]["allocated"], by_group[("mig", "3g.90gb")]["free"]) == (1, 1)
+    # Only the allocated partition's memory counts: placements overlap.
+    assert by_group[("mig", "3g.90gb")]["memory_bytes"] == 40
+
+
+def test_the_overview_reads_the_same_numbers_on_every_database(fleet):
+    # One code path: the counts come from the read model's rows whatever the backend.
+    per_cluster = readmodel.summaries(readmodel.Scope((fleet.pk,), gpu_devices_only=True))
+    expected = selectors.fleet_summary_per_device(fleet.pk)
+    gpu_groups = [g for g in expected.groups if g.kind in ("gpu", "mig")]
+    assert per_cluster[fleet.pk].groups == gpu_groups
+    assert per_cluster[fleet.pk].models == expected.models
+
+
+def test_the_migration_fills_the_read_model_from_the_stored_rows(fleet):
+    migration = importlib.import_module("fleet.migrations.0006_gpu_state")
+    expected = stored_rows()
+    GpuState.objects.all().delete()
+    DeviceGroupState.objects.all().delete()
+    migration.fill(django_apps, None)
+    assert stored_rows() == expected and expected[0]
+
+
+def stored_objects(model: Any, kind: str) -> list[dict[str, Any]]:
+    """The objects as the API server would list them now (what ingest stored)."""
+    return [{**raw, "kind": kind} for raw in model.objects.order_by("name").values_list("raw", flat=True)]
+
+
+def test_a_relist_that_changed_some_objects_recomputes_their_pools_only(editor):
+    from fleet import ingest
+    from fleet.models import ResourceClaim, ResourceSlice
+    from fleet.normalize import normalize
+
+    pools = set(GpuState.objects.values_list("pool", flat=True))
+    before = {(g.pool, g.gpu_uuid): g.pk for g in GpuState.objects.all()}
+    # The claims relist: one allocated claim gone (deleted while unobserved), the others as stored.
+    claims = stored_objects(ResourceClaim, "ResourceClaim")
+    gone = next(c for c in claims if (c.get("status") or {}).get("allocation"))
+    listed = [normalize("ResourceClaim", c) for c in claims if c is not gone]
+    ingest.replace_all(editor.cluster, "ResourceClaim", listed, 10**20)  # newer than any stored cursor
+    gone_pools = {r["pool"] for r in gone["status"]["allocation"]["devices"]["results"]}
+    after = {(g.pool, g.gpu_uuid): g.pk for g in GpuState.objects.all()}
+    rewritten = {key[0] for key in after if after[key] != before.get(key)}
+    assert gone_pools <= rewritten < pools
+    assert_read_model_is_current(editor.cluster.pk)
+    # The slices relist: one slice tainted (a newer version), one gone.
+    slices = stored_objects(ResourceSlice, "ResourceSlice")
+    gpu_slices = [
+        s for s in slices if s["spec"].get("driver") == "gpu.nvidia.com" and s["spec"].get("devices")
+    ]
+    tainted, gone_slice = copy.deepcopy(gpu_slices[0]), gpu_slices[1]
+    for device in tainted["spec"]["devices"]:
+        device["taints"] = [{"key": "xid", "value": "79", "effect": "NoExecute"}]
+    tainted["metadata"]["resourceVersion"] = str(10**20 - 1)
+    kept = [s for s in slices if s is not gpu_slices[0] and s is not gone_slice]
+    records = [normalize("ResourceSlice", s) for s in [tainted, *kept]]
+    ingest.replace_all(editor.cluster, "ResourceSlice", records, 10**20)
+    assert_read_model_is_current(editor.cluster.pk)
+    assert any(g.tainted for g in GpuState.objects.filter(pool=tainted["spec"]["pool"]["name"]))
