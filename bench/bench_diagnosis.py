@@ -168,5 +168,19 @@ def main(count: str = "2000", name: str = "L") -> int:
     return 0 if ok else 1
 
 
+def arguments(argv: list[str]) -> dict[str, str]:
+    """``claims=N preset=P`` as the docstring shows them, or the same values by position."""
+    out: dict[str, str] = {}
+    for position, arg in enumerate(argv):
+        key, sep, value = arg.partition("=")
+        if not sep:
+            key, value = ("count", "name")[min(position, 1)], arg
+        key = {"claims": "count", "preset": "name"}.get(key, key)
+        if key not in ("count", "name") or (key == "count" and not value.isdigit()):
+            raise SystemExit(f"bench_diagnosis: bad argument {arg!r}: use claims=N and preset=NAME")
+        out[key] = value
+    return out
+
+
 if __name__ == "__main__":
-    raise SystemExit(main(*sys.argv[1:]))
+    raise SystemExit(main(**arguments(sys.argv[1:])))
