@@ -162,8 +162,8 @@ class Device(models.Model):
 class WatchCursor(models.Model):
     """Where one (cluster, kind) stream stands: its resourceVersion, state, last event and last error.
 
-    Written by the stream's reflector (``fleet.kube.reflector``: state, errors, lease) and by the ingest calls
-    it makes (``fleet.ingest``: resourceVersion and last event, in the batch's transaction)."""
+    Written by ``fleet.ingest.cursors`` only: the position with each batch or relist (in its transaction),
+    the state and errors the reflector reports, the leases the streams' heartbeat renews."""
 
     STATES = [
         ("idle", "idle"),

@@ -10,13 +10,15 @@ Kinds are described by :class:`TableSpec` s registered per kind: the cluster-sco
 (where the analysis hooks its claim history in, :func:`set_claim_hooks`).
 
 Modules: ``specs`` (the kind registry), ``apply`` (batches and relists), ``rows`` (records and their child
-rows through the fence), ``sql`` (the general SQL writer), ``locks`` (stream locks and cursors), ``pools``
-(which pools a batch touches), ``events`` (change publishing), ``statistics`` (ANALYZE after bulk writes),
-``gpu_state`` (the per-GPU read model, recomputed for the pools each batch touched).
+rows through the fence), ``sql`` (the general SQL writer), ``locks`` (stream and read-model locks),
+``cursors`` (the watch cursors: positions, states, leases), ``pools`` (which pools a batch touches),
+``events`` (change publishing), ``statistics`` (ANALYZE after bulk writes), ``gpu_state`` (the per-GPU read
+model, recomputed for the pools each batch touched).
 """
 
 from fleet.ingest import (
     apply,
+    cursors,
     events,
     fleet_kinds,  # noqa: F401  (registers the fleet kinds' specs)
     locks,
@@ -55,6 +57,7 @@ __all__ = [
     "apply",
     "apply_batch",
     "change_event",
+    "cursors",
     "drop_cluster",
     "events",
     "get_or_create_cluster",

@@ -10,7 +10,7 @@ from decimal import Decimal
 from django.db import models, transaction
 from django.utils import timezone
 
-from fleet.ingest import events, gpu_state, locks, rows, statistics
+from fleet.ingest import cursors, events, gpu_state, locks, rows, statistics
 from fleet.ingest import pools as pool_discovery
 from fleet.ingest.specs import SPECS, BatchResult, Change, CursorUpdate, TableSpec
 from fleet.models import Cluster, WatchCursor
@@ -56,7 +56,7 @@ def apply_batch(
             # The per-GPU read model of the pools whose devices or allocations the batch changed.
             gpu_state.refresh(cluster.pk, None if result.pools is None else {p for _, p in result.pools})
         if cursor:
-            locks.save_cursor(cluster, kind, cursor, forward_only=True)
+            cursors.save_cursor(cluster, kind, cursor, forward_only=True)
         events.publish_on_commit(cluster, result)
     if grown and pool_discovery.pooled(spec):
         statistics.analyze(gpu_state.READ_MODEL)  # after commit: two batches never wait on each other here
@@ -146,7 +146,7 @@ def replace_all(
         if result.changed and pooled:
             gpu_state.refresh(cluster.pk, None if everything else {p for _, p in touched})
         if cursor:
-            locks.save_cursor(cluster, kind, CursorUpdate(list_resource_version, "watching", objects=count))
+            cursors.save_cursor(cluster, kind, CursorUpdate(list_resource_version, "watching", objects=count))
         events.publish_on_commit(cluster, result)
     if grown and pool_discovery.pooled(spec):
         statistics.analyze(gpu_state.READ_MODEL)

@@ -3,16 +3,11 @@
 from __future__ import annotations
 
 import zlib
-from decimal import Decimal
-from typing import Any
 
-from django.db import connection, models
-from django.db.models import F, Value
-from django.db.models.functions import Greatest
-from django.utils import timezone
+from django.db import connection
 
-from fleet.ingest.specs import CursorUpdate, TableSpec
-from fleet.models import Cluster, WatchCursor
+from fleet.ingest.specs import TableSpec
+from fleet.models import Cluster
 
 
 def _stream_key(cluster: Cluster, kind: str) -> tuple[int, int]:
@@ -71,24 +66,6 @@ def lock_if_fresh(cluster: Cluster, kind: str, spec: TableSpec) -> bool:
         stream_lock(cluster, kind, exclusive=True)
         cur.execute(f"SELECT {probe}", [cluster.pk] * len(tables))  # what committed before the lock
         return not cur.fetchone()[0]
-
-
-def save_cursor(cluster: Cluster, kind: str, cursor: CursorUpdate, forward_only: bool = False) -> None:
-    """Save the stream's position. ``forward_only`` (watch batches): never move the cursor back. Two
-    writers overlap when a worker was frozen or cut off longer than the lock's TTL and another took the
-    stream over; the late one's batch must not make the next round resume from an older version (the
-    rows have their own fence). A relist sets the position as listed: after a 410 the history may be new."""
-    rv = Decimal(cursor.resource_version)
-    defaults: dict[str, Any] = {"state": cursor.state, "last_event_at": timezone.now()}
-    if cursor.objects is not None:
-        defaults["object_count"] = cursor.objects
-    position = Greatest(F("resource_version"), Value(rv, output_field=models.DecimalField()))
-    WatchCursor.objects.update_or_create(
-        cluster=cluster,
-        kind=kind,
-        defaults={**defaults, "resource_version": position if forward_only else rv},
-        create_defaults={**defaults, "resource_version": rv},
-    )
 
 
 # ------------------------------------------------------------------------------------------- events

@@ -23,13 +23,9 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
 from django.db import DatabaseError, close_old_connections, connection
-from django.db.models import DateTimeField, F, Q, Value
-from django.db.models.functions import Coalesce, Greatest
-from django.utils import timezone
 
 from fleet import ingest
 from fleet.importer import ImportReport, normalize_many
@@ -82,16 +78,7 @@ class Reflector:
         return int(cursor.resource_version)
 
     def set_state(self, state: str, error: str = "") -> None:
-        # Writing a state is a sign of life as good as a heartbeat: the lease moves with it.
-        values: dict[str, Any] = {"state": state}
-        if error:
-            values.update(last_error=error[:4000], last_error_at=timezone.now())
-        WatchCursor.objects.update_or_create(
-            cluster=self.cluster,
-            kind=self.kind,
-            defaults={**values, "lease_until": lease_end(self.config.lease)},
-            create_defaults={**values, "lease_until": timezone.now() + timedelta(seconds=self.config.lease)},
-        )
+        ingest.cursors.save_state(self.cluster, self.kind, state, error, self.config.lease)
 
     # ----------------------------------------------------------------------------------------- list
 
@@ -277,23 +264,6 @@ class Reflector:
             watches += result.outcome == "watched"
             if result.delay:
                 stop.wait(result.delay)
-
-
-def lease_end(seconds: float) -> Any:
-    """``lease_until`` set to now + ``seconds``, never earlier than it already is (a round's end promises
-    the next round's start; a heartbeat racing with it must not take that back)."""
-    until = Value(timezone.now() + timedelta(seconds=seconds), output_field=DateTimeField())
-    return Greatest(Coalesce(F("lease_until"), until), until)
-
-
-def record_leases(stream_keys: Sequence[tuple[int, str]], seconds: float) -> None:
-    """Extend the leases of these (cluster id, kind) streams to now + ``seconds``, in one statement."""
-    if not stream_keys:
-        return
-    match = Q()
-    for cluster_id, kind in stream_keys:
-        match |= Q(cluster_id=cluster_id, kind=kind)
-    WatchCursor.objects.filter(match).update(lease_until=lease_end(seconds))
 
 
 def ingest_list(cluster: Cluster, kind: str, items: Sequence[Obj], resource_version: int) -> int:

@@ -20,9 +20,10 @@ from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connection
 
 from fleet import clusters, ingest
+from fleet.ingest.cursors import record_leases
 from fleet.kube.kubesource import KubeConfigError
 from fleet.kube.lock import Heartbeat, StreamLock
-from fleet.kube.reflector import Reflector, Round, StreamConfig, record_leases
+from fleet.kube.reflector import Reflector, Round, StreamConfig
 from fleet.kube.source import Source
 from fleet.normalize import KINDS
 
