@@ -43,7 +43,7 @@ def add_error_responses(result: dict[str, Any], generator: Any, request: Any, pu
                     {"description": _DESCRIPTIONS[code], "content": {"application/json": {"schema": ERROR}}},
                 )
             if any(p.get("name") == "format" for p in operation.get("parameters", [])):
-                # ?format=csv renders any answer, errors included, as CSV (dashboard/renderers.py).
+                # ?format=csv renders any answer, errors included, as CSV (web/renderers.py).
                 for response in operation["responses"].values():
                     response.setdefault("content", {}).setdefault("text/csv", CSV)
     return result
