@@ -1,10 +1,11 @@
 """Claim history: every state change of every claim, recorded as fleet.ingest observes it.
 
 ``fleet.ingest`` calls :func:`record_written` and :func:`record_deleted` (hooked on the ResourceClaim
-``TableSpec`` with ``fleet.ingest.set_claim_hooks`` when the claims app loads) inside the transaction of each batch, so the history always agrees
-with the mirrored claim table. Each call costs a constant number of bulk statements (one read of the batch's
-``ClaimLifecycle`` rows, one upsert of the changed ones, one insert of the ``ClaimStateChange`` rows),
-because a 40k-claim relist goes through it; a relist that changes nothing writes nothing.
+``TableSpec`` with ``fleet.ingest.set_claim_hooks`` when the claims app loads) inside the transaction of
+each batch, so the history always agrees with the mirrored claim table. Each call costs a constant number
+of bulk statements (one read of the batch's ``ClaimLifecycle`` rows, one upsert of the changed ones, one
+insert of the ``ClaimStateChange`` rows), because a 40k-claim relist goes through it; a relist that changes
+nothing writes nothing.
 
 Times: Kubernetes' own where the object carries one (creationTimestamp for a claim first seen pending,
 status.allocation.allocationTimestamp, deletionTimestamp), else the batch's observation time. A recorded time
