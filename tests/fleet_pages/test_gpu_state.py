@@ -129,7 +129,7 @@ def test_the_overview_reads_the_same_numbers_on_every_database(fleet):
 
 
 def test_the_migration_fills_the_read_model_from_the_stored_rows(fleet):
-    migration = importlib.import_module("fleet.migrations.0006_gpu_state")
+    migration = importlib.import_module("fleet.migrations.0007_gpu_state")
     expected = stored_rows()
     GpuState.objects.all().delete()
     DeviceGroupState.objects.all().delete()
