@@ -255,6 +255,12 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--reuse", action="store_true", help="keep an already ingested bench-usage cluster")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--compare",
+        metavar="CHECKOUT",
+        help="another checkout of claimscope (e.g. `git archive` of the commit before a change): its rounds "
+        "run beside ours, same Prometheus, database and load, for before/after figures of one run",
+    )
     parser.add_argument("--round", metavar="PROMETHEUS_URL", help=argparse.SUPPRESS)
     parser.add_argument("--floor", metavar="PROMETHEUS_URL", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -299,20 +305,24 @@ def main() -> int:
                 f"with all its labels (one query) {prometheus_eval_ms(url, [whole]):.0f} ms"
             )
 
-            def fresh(flag: str) -> Any:
+            def fresh(flag: str, script: str = __file__) -> Any:
                 done = subprocess.run(
-                    [sys.executable, __file__, flag, url], capture_output=True, text=True, check=True
+                    [sys.executable, script, flag, url], capture_output=True, text=True, check=True
                 )
                 return json.loads(done.stdout.strip().splitlines()[-1])
 
+            runs = [("", __file__)]
+            if args.compare:
+                runs.append((f"{args.compare}: ", str(Path(args.compare) / "bench" / "bench_usage.py")))
             for n in range(args.rounds):
                 f = fresh("--floor")
-                rounds = fresh("--round")
-                for r, what in zip(rounds, ("devices read", "devices kept"), strict=True):
+                rounds = [(who, r) for who, script in runs for r in fresh("--round", script)]
+                for (who, r), what in zip(rounds, ("devices read", "devices kept") * len(runs), strict=True):
                     assert r["ok"], r["error"]
                     above = (r["peak_mb"] - r["before_mb"]) / max(f["peak_mb"] - f["before_mb"], 1)
                     print(
-                        f"round {n + 1}, {what}: {r['wall_s']:.2f} s wall, {r['cpu_s']:.2f} s CPU; of which "
+                        f"{who}round {n + 1}, {what}: {r['wall_s']:.2f} s wall, {r['cpu_s']:.2f} s CPU; "
+                        "of which "
                         f"the queries (HTTP: Prometheus + transfer + decode) {r['query_s']:.2f} s; peak RSS "
                         f"{r['peak_mb']:.0f} MB (at its start {r['before_mb']:.0f} MB); "
                         f"{r['series']:,} series, "
