@@ -77,18 +77,24 @@ def _read_device_infos(cluster_id: int) -> list[DeviceInfo]:
     rows = Device.objects.filter(cluster_id=cluster_id, kind__in=("gpu", "mig")).values_list(*_DEVICE_COLUMNS)
     out: list[DeviceInfo] = []
     append = out.append
-    for driver, pool, name, kind, uuid, gpu_uuid, profile, model, node, slices, minor, generation in rows:
+    # One string per distinct value (driver, pools, nodes, models, profiles, a MIG device's parent GPU)
+    # rather than one per device: the infos are kept between rounds.
+    seen: dict[str, str] = {}
+    share = seen.setdefault
+    # ``iterator``: rows are read in chunks (a server-side cursor on PostgreSQL), not all held at once.
+    for row in rows.iterator(chunk_size=5000):
+        driver, pool, name, kind, uuid, gpu_uuid, profile, model, node, slices, minor, generation = row
         if generation < newest.get((driver, pool), generation):
             continue
         append(
             DeviceInfo(
-                (driver, pool, name),
-                kind,
+                (share(driver, driver), share(pool, pool), name),
+                share(kind, kind),
                 uuid or "",
-                gpu_uuid or "",
-                profile or "",
-                model or "",
-                node or "",
+                share(gpu_uuid, gpu_uuid) if gpu_uuid else "",
+                share(profile, profile) if profile else "",
+                share(model, model) if model else "",
+                share(node, node) if node else "",
                 (slices or 7) / 7 if kind == "mig" else 1.0,
                 minor,
             )
