@@ -126,18 +126,22 @@ def join(
         if len(result.examples) < EXAMPLES:
             result.examples.append({"reason": reason, **entity.labels})
 
+    measured = result.measured
+
     def hit(entity: Entity, ref: DeviceRef, how: str) -> None:
-        if ref in result.measured:
+        if ref in measured:
             miss("two series for one device", entity)
         else:
-            result.measured[ref] = _measured(entity, ref, how)
+            measured[ref] = _measured(entity, ref, how)
 
+    count = 0
     for e in all_entities:
-        result.entities += 1
+        count += 1
         labels = e.labels
-        triple = (labels.get("dra_driver_name"), labels.get("dra_pool_name"), labels.get("dra_device_name"))
-        if all(triple):
-            ref = (str(triple[0]), str(triple[1]), str(triple[2]))
+        get = labels.get
+        driver, pool, device = get("dra_driver_name"), get("dra_pool_name"), get("dra_device_name")
+        if driver and pool and device:
+            ref = (driver, pool, device)
             if ref in by_ref:
                 hit(e, ref, "dra")
             else:
@@ -150,6 +154,7 @@ def join(
                 miss("MIG UUID not in the fleet", e)
         else:
             later.append(e)  # after every DRA-labelled entity has claimed its device
+    result.entities = count
     later.sort(key=lambda e: (e.labels.get("UUID", ""), e.labels.get("GPU_I_ID", "").zfill(4)))
     for e in later:
         labels = e.labels
