@@ -306,8 +306,14 @@ def main() -> int:
             )
 
             def fresh(flag: str, script: str = __file__) -> Any:
+                # In the checkout's folder: Celery's Django fixup puts the working directory first on
+                # sys.path during django.setup(), so modules imported after it come from there.
                 done = subprocess.run(
-                    [sys.executable, script, flag, url], capture_output=True, text=True, check=True
+                    [sys.executable, script, flag, url],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                    cwd=Path(script).resolve().parents[1],
                 )
                 return json.loads(done.stdout.strip().splitlines()[-1])
 
