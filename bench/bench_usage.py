@@ -2,7 +2,7 @@
 Prometheus scraping the dcgm-exporter stand-in.
 
     DATABASE_URL=postgres://.../scratch REDIS_URL=redis://.../N SECRET_KEY=... SECURE_COOKIES=0 \\
-        .venv/bin/python bench/bench_usage.py [--reuse]
+        .venv/bin/python bench/bench_usage.py [--reuse] [--rounds N] [--compare CHECKOUT]
 
 Targets (issue 19): one sampling round (query + join + write) within 2 s of worker time and 300 MB; the
 heatmap's utilization data as fast as its allocation data (warm); the idle report over 7 days within 1 s.
@@ -12,7 +12,9 @@ heatmap data; reading the week's holding ids (the floor of the idle report). The
 at the start and the end. The fleet plus synthetic claims (bench_heatmap: ~60% of
 whole GPUs held, one in ten claims idle here) goes into the "bench-usage" cluster of DATABASE_URL (a scratch
 database: replaced unless --reuse). A private Prometheus (the ``prometheus`` binary, 30 s scrapes) scrapes the
-stand-in; each round runs in a fresh process so its peak RSS is the round's own.
+stand-in; each round runs in a fresh process so its peak RSS is the round's own. ``--compare`` runs the
+rounds of another checkout (``git archive`` of an earlier commit into a folder) beside ours, against the
+same Prometheus and database at the same load: before and after in one run.
 """
 
 from __future__ import annotations
