@@ -2,7 +2,7 @@
 Prometheus scraping the dcgm-exporter stand-in.
 
     DATABASE_URL=postgres://.../scratch REDIS_URL=redis://.../N SECRET_KEY=... SECURE_COOKIES=0 \\
-        .venv/bin/python bench/bench_usage.py [--reuse]
+        .venv/bin/python bench/bench_usage.py [--reuse] [--rounds N] [--compare CHECKOUT]
 
 Targets (issue 19): one sampling round (query + join + write) within 2 s of worker time and 300 MB; the
 heatmap's utilization data as fast as its allocation data (warm); the idle report over 7 days within 1 s.
@@ -12,7 +12,9 @@ heatmap data; reading the week's holding ids (the floor of the idle report). The
 at the start and the end. The fleet plus synthetic claims (bench_heatmap: ~60% of
 whole GPUs held, one in ten claims idle here) goes into the "bench-usage" cluster of DATABASE_URL (a scratch
 database: replaced unless --reuse). A private Prometheus (the ``prometheus`` binary, 30 s scrapes) scrapes the
-stand-in; each round runs in a fresh process so its peak RSS is the round's own.
+stand-in; each round runs in a fresh process so its peak RSS is the round's own. ``--compare`` runs the
+rounds of another checkout (``git archive`` of an earlier commit into a folder) beside ours, against the
+same Prometheus and database at the same load: before and after in one run.
 """
 
 from __future__ import annotations
@@ -255,6 +257,12 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--reuse", action="store_true", help="keep an already ingested bench-usage cluster")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--compare",
+        metavar="CHECKOUT",
+        help="another checkout of claimscope (e.g. `git archive` of the commit before a change): its rounds "
+        "run beside ours, same Prometheus, database and load, for before/after figures of one run",
+    )
     parser.add_argument("--round", metavar="PROMETHEUS_URL", help=argparse.SUPPRESS)
     parser.add_argument("--floor", metavar="PROMETHEUS_URL", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -299,20 +307,30 @@ def main() -> int:
                 f"with all its labels (one query) {prometheus_eval_ms(url, [whole]):.0f} ms"
             )
 
-            def fresh(flag: str) -> Any:
+            def fresh(flag: str, script: str = __file__) -> Any:
+                # In the checkout's folder: Celery's Django fixup puts the working directory first on
+                # sys.path during django.setup(), so modules imported after it come from there.
                 done = subprocess.run(
-                    [sys.executable, __file__, flag, url], capture_output=True, text=True, check=True
+                    [sys.executable, script, flag, url],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                    cwd=Path(script).resolve().parents[1],
                 )
                 return json.loads(done.stdout.strip().splitlines()[-1])
 
+            runs = [("", __file__)]
+            if args.compare:
+                runs.append((f"{args.compare}: ", str(Path(args.compare) / "bench" / "bench_usage.py")))
             for n in range(args.rounds):
                 f = fresh("--floor")
-                rounds = fresh("--round")
-                for r, what in zip(rounds, ("devices read", "devices kept"), strict=True):
+                rounds = [(who, r) for who, script in runs for r in fresh("--round", script)]
+                for (who, r), what in zip(rounds, ("devices read", "devices kept") * len(runs), strict=True):
                     assert r["ok"], r["error"]
                     above = (r["peak_mb"] - r["before_mb"]) / max(f["peak_mb"] - f["before_mb"], 1)
                     print(
-                        f"round {n + 1}, {what}: {r['wall_s']:.2f} s wall, {r['cpu_s']:.2f} s CPU; of which "
+                        f"{who}round {n + 1}, {what}: {r['wall_s']:.2f} s wall, {r['cpu_s']:.2f} s CPU; "
+                        "of which "
                         f"the queries (HTTP: Prometheus + transfer + decode) {r['query_s']:.2f} s; peak RSS "
                         f"{r['peak_mb']:.0f} MB (at its start {r['before_mb']:.0f} MB); "
                         f"{r['series']:,} series, "

@@ -37,14 +37,19 @@ def gpu_cells(
     measured (None: no activity metric); ``idle_since`` the idle stretch of the held ones."""
     sums: dict[tuple[str, str], list[Any]] = {}
     rows: dict[str, str] = {}  # node or pool -> heatmap row: one string built per node, not per device
+    indexes: dict[int, str] = {}  # GPU index -> its string, built once
     for d in devices:
-        if d.minor is None:
+        minor = d.minor
+        if minor is None:
             continue
         where = d.node or d.ref[1]
         row = rows.get(where)
         if row is None:
             row = rows[where] = row_key(cluster, where)
-        key = (row, str(d.minor))
+        index = indexes.get(minor)
+        if index is None:
+            index = indexes[minor] = str(minor)
+        key = (row, index)
         cell = sums.get(key)
         if cell is None:
             cell = sums[key] = [0.0, False, 0]

@@ -5,10 +5,12 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
+from operator import itemgetter
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
+from django.db.models import Model
 
 from fleet.ingest import write_rows
 from fleet.models import Cluster
@@ -67,10 +69,41 @@ def previous_holdings(cluster: Cluster, claims: Iterable[str]) -> dict[HoldingKe
     as plain values (no model instances), a chunk of claim names per query."""
     names = sorted(set(claims))
     out: dict[HoldingKey, dict[str, Any]] = {}
+    if connection.vendor == "postgresql":
+        for start in range(0, len(names), CLAIM_CHUNK):
+            out.update(_previous_postgresql(cluster.pk, names[start : start + CLAIM_CHUNK]))
+        return out
     for start in range(0, len(names), CLAIM_CHUNK):
         rows = ClaimUsage.objects.filter(cluster=cluster, claim__in=names[start : start + CLAIM_CHUNK])
         for row in rows.values(*_HOLDING_KEY, *_CARRIED):
             out[(row["namespace"], row["claim"], row["driver"], row["pool"], row["device"])] = row
+    return out
+
+
+_TIMES = ("first_seen", "last_seen", "idle_since")
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _previous_postgresql(cluster_id: int, names: list[str]) -> dict[HoldingKey, dict[str, Any]]:
+    """``previous_holdings`` of some claims on PostgreSQL, the timestamps read as integer microseconds
+    since the epoch (exact) and turned into datetimes here: Django's timestamp loader, a Python function
+    per value, was most of the read's time on 50,000 timestamps."""
+    table = connection.ops.quote_name(ClaimUsage._meta.db_table)
+    rest = [name for name in _CARRIED if name not in _TIMES]
+    micros = ", ".join(f"(EXTRACT(EPOCH FROM {name}) * 1000000)::bigint" for name in _TIMES)
+    sql = (
+        f"SELECT {', '.join(_HOLDING_KEY)}, {micros}, {', '.join(rest)} FROM {table} "
+        "WHERE cluster_id = %s AND claim = ANY(%s)"
+    )
+    out: dict[HoldingKey, dict[str, Any]] = {}
+    keys = len(_HOLDING_KEY)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [cluster_id, names])
+        for row in cursor.fetchall():
+            values = dict(zip(rest, row[keys + len(_TIMES) :], strict=True))
+            for name, n in zip(_TIMES, row[keys : keys + len(_TIMES)], strict=True):
+                values[name] = None if n is None else _EPOCH + timedelta(microseconds=n)
+            out[row[:keys]] = values
     return out
 
 
@@ -87,23 +120,33 @@ def record_round(
     """Store a round: every measured or held device's latest values (a held device without a value is a
     gap: ``active`` null), each holding's idle accounting, the trend points and the sampling state.
 
-    Rows are written as plain values through ``fleet.ingest.write_rows`` (COPY on PostgreSQL): at 60,000
-    devices, Django's ``bulk_create`` spent seconds preparing fields one by one."""
+    Rows are written as tuples by a binary COPY on PostgreSQL (:func:`_write`): at 60,000 devices,
+    Django's ``bulk_create`` spent seconds preparing fields one by one, and the text COPY of dicts still
+    most of a second."""
     info = {d.ref: d for d in devices}
     with transaction.atomic():
         # Every holding of the claims held now, however long ago it was last seen (a Prometheus outage
         # must not restart a holding's accounting).
         previous = previous_holdings(cluster, (claim for owners in held.values() for _, claim in owners))
         DeviceUsage.objects.filter(cluster=cluster).delete()
-        rows: list[dict[str, Any]] = []
+        rows: list[tuple[Any, ...]] = []
         holdings: list[dict[str, Any]] = []
+        pick = itemgetter(*(name for name, _ in _CLAIM_USAGE))
         idle: dict[DeviceRef, datetime] = {}
         trend: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0])
-        for ref in set(result.measured) | set(held):
-            m = result.measured.get(ref)
+        measured = result.measured
+        for ref, m in measured.items():
+            if ref in held:
+                continue
+            # Nobody holds it: its values only (the columns follow ``Measured``'s order).
+            rows.append((cluster.pk, *ref, *m[1:], "", "", at, None))
+            if len(rows) >= WRITE_CHUNK:  # written as they come: a round's rows never all in memory
+                _write(DeviceUsage, _DEVICE_USAGE, rows)
+                rows = []
+        for ref, owners in held.items():
+            value = measured.get(ref)
             d = info.get(ref)
-            active = m.active if m else None
-            owners = held.get(ref) or ()
+            active = value.active if value else None
             starts: list[datetime | None] = []
             for namespace, claim in owners:
                 h = previous.get((namespace, claim, *ref))
@@ -125,33 +168,19 @@ def record_round(
             idle_since = max(t for t in starts if t) if starts and None not in starts else None
             if idle_since is not None:
                 idle[ref] = idle_since
-            rows.append(
-                {
-                    "cluster_id": cluster.pk,
-                    "driver": ref[0],
-                    "pool": ref[1],
-                    "device": ref[2],
-                    "gpu_uuid": m.gpu_uuid if m else (d.gpu_uuid if d else ""),
-                    "instance_id": m.instance_id if m else "",
-                    "matched_by": m.matched_by if m else "",
-                    "namespace": namespace,
-                    "claim": claim,
-                    "active": active,
-                    "fb_used_bytes": m.fb_used_bytes if m else None,
-                    "fb_total_bytes": m.fb_total_bytes if m else None,
-                    "power_watts": m.power_watts if m else None,
-                    "sampled_at": at,
-                    "idle_since": idle_since,
-                }
-            )
-            if len(rows) >= WRITE_CHUNK:  # written as they come: a round's rows never all in memory
-                write_rows(DeviceUsage, rows)
+            if value is not None:
+                rows.append((cluster.pk, *ref, *value[1:], namespace, claim, at, idle_since))
+            else:  # held, no value this round: a gap
+                gap = ("", d.gpu_uuid if d else "", "", None, None, None, None)
+                rows.append((cluster.pk, *ref, *gap, namespace, claim, at, idle_since))
+            if len(rows) >= WRITE_CHUNK:
+                _write(DeviceUsage, _DEVICE_USAGE, rows)
                 rows = []
             if len(holdings) >= WRITE_CHUNK:
-                write_rows(ClaimUsage, holdings, conflict=_HOLDING_CONFLICT)
+                _write(ClaimUsage, _CLAIM_USAGE, [pick(h) for h in holdings], _HOLDING_CONFLICT)
                 holdings = []
-        write_rows(DeviceUsage, rows)
-        write_rows(ClaimUsage, holdings, conflict=_HOLDING_CONFLICT)
+        _write(DeviceUsage, _DEVICE_USAGE, rows)
+        _write(ClaimUsage, _CLAIM_USAGE, [pick(h) for h in holdings], _HOLDING_CONFLICT)
         minute = at.replace(second=0, microsecond=0)
         UsageTrend.objects.bulk_create(
             [
@@ -194,6 +223,90 @@ def record_round(
 
 
 _HOLDING_CONFLICT = ("cluster_id", "namespace", "claim", "driver", "pool", "device")
+
+# The columns a round writes, in the order of its row tuples, with their PostgreSQL types (binary COPY
+# sends each value in its column's binary form, so the types must be the columns' own).
+_DEVICE_USAGE = (
+    ("cluster_id", "int8"),
+    ("driver", "text"),
+    ("pool", "text"),
+    ("device", "text"),
+    # ``usage.join.Measured``'s values, in its order
+    ("matched_by", "text"),
+    ("gpu_uuid", "text"),
+    ("instance_id", "text"),
+    ("active", "float8"),
+    ("fb_used_bytes", "int8"),
+    ("fb_total_bytes", "int8"),
+    ("power_watts", "float8"),
+    ("namespace", "text"),
+    ("claim", "text"),
+    ("sampled_at", "timestamptz"),
+    ("idle_since", "timestamptz"),
+)
+_CLAIM_USAGE = (
+    ("cluster_id", "int8"),
+    ("namespace", "text"),
+    ("claim", "text"),
+    ("driver", "text"),
+    ("pool", "text"),
+    ("device", "text"),
+    ("node", "text"),
+    ("model", "text"),
+    ("profile", "text"),
+    ("gpu_fraction", "float8"),
+    ("first_seen", "timestamptz"),
+    ("last_seen", "timestamptz"),
+    ("samples", "int4"),
+    ("gap_samples", "int4"),
+    ("active_sum", "float8"),
+    ("observed_seconds", "float8"),
+    ("idle_seconds", "float8"),
+    ("idle_since", "timestamptz"),
+)
+
+
+def _write(
+    model: type[Model],
+    columns: Sequence[tuple[str, str]],
+    rows: Sequence[Sequence[Any]],
+    conflict: Sequence[str] = (),
+) -> None:
+    """Write rows (tuples in ``columns``' order) of a usage table; ``conflict``: the unique columns
+    whose stored row is updated instead.
+
+    PostgreSQL: a binary ``COPY`` (into a staging table for an upsert), hand-written rather than
+    ``fleet.ingest.write_rows`` because psycopg dumps each value of a text COPY through a lookup of its
+    Python type; with the column types given and the binary format, a round's 86,000 rows take a tenth of
+    the time. Other databases: ``write_rows`` of the same values."""
+    if not rows:
+        return
+    names = [name for name, _ in columns]
+    if connection.vendor != "postgresql":
+        write_rows(model, [dict(zip(names, row, strict=True)) for row in rows], conflict=conflict)
+        return
+    qn = connection.ops.quote_name
+    table = qn(model._meta.db_table)
+    cols = ", ".join(qn(name) for name in names)
+    with connection.cursor() as cursor:
+        target = table
+        if conflict:
+            target = qn(f"staging_{model._meta.db_table}")
+            cursor.execute(
+                f"CREATE TEMP TABLE IF NOT EXISTS {target} ON COMMIT DROP AS "
+                f"SELECT {cols} FROM {table} WITH NO DATA"
+            )
+            cursor.execute(f"TRUNCATE {target}")
+        with cursor.cursor.copy(f"COPY {target} ({cols}) FROM STDIN (FORMAT BINARY)") as copy:
+            copy.set_types([kind for _, kind in columns])
+            for row in rows:
+                copy.write_row(row)
+        if conflict:
+            updates = ", ".join(f"{qn(n)} = excluded.{qn(n)}" for n in names if n not in conflict)
+            cursor.execute(
+                f"INSERT INTO {table} ({cols}) SELECT {cols} FROM {target} "
+                f"ON CONFLICT ({', '.join(qn(n) for n in conflict)}) DO UPDATE SET {updates}"
+            )
 
 
 def account(

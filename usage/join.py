@@ -18,7 +18,7 @@ An entity that matches nothing is counted by reason and kept as an example, neve
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -57,6 +57,31 @@ class Measured(NamedTuple):
     fb_used_bytes: int | None
     fb_total_bytes: int | None
     power_watts: float | None
+
+
+@dataclass(frozen=True)
+class DeviceIndex:
+    """Devices as the join looks them up: by key, by (lower-cased) UUID, MIG devices by (parent GPU UUID,
+    profile). Built once per device list: the sampler keeps it with the list between rounds."""
+
+    devices: Sequence[DeviceInfo]
+    by_ref: dict[DeviceRef, DeviceInfo]
+    by_uuid: dict[str, DeviceInfo]
+    migs: dict[tuple[str, str], list[DeviceInfo]]
+
+    @classmethod
+    def of(cls, devices: Iterable[DeviceInfo]) -> DeviceIndex:
+        listed = list(devices)
+        by_ref: dict[DeviceRef, DeviceInfo] = {}
+        by_uuid: dict[str, DeviceInfo] = {}
+        migs: dict[tuple[str, str], list[DeviceInfo]] = {}
+        for d in listed:
+            by_ref[d.ref] = d
+            if d.uuid:
+                by_uuid[d.uuid.lower()] = d
+            if d.kind == "mig":
+                migs.setdefault((d.gpu_uuid.lower(), d.profile), []).append(d)
+        return cls(listed, by_ref, by_uuid, migs)
 
 
 @dataclass
@@ -103,22 +128,17 @@ def _measured(entity: Entity, ref: DeviceRef, how: str) -> Measured:
 
 
 def join(
-    all_entities: Iterable[Entity], devices: Iterable[DeviceInfo], held: Mapping[DeviceRef, object]
+    all_entities: Iterable[Entity],
+    devices: Iterable[DeviceInfo] | DeviceIndex,
+    held: Mapping[DeviceRef, object],
 ) -> JoinResult:
     """Match every entity to one of ``devices`` (see the module docstring).
 
     ``held`` is the set of devices some claim holds (its keys are used). ``series`` of the result is the
     caller's to fill (the source knows how many series it read)."""
     result = JoinResult()
-    by_ref: dict[DeviceRef, DeviceInfo] = {}
-    by_uuid: dict[str, DeviceInfo] = {}
-    migs: dict[tuple[str, str], list[DeviceInfo]] = {}
-    for d in devices:
-        by_ref[d.ref] = d
-        if d.uuid:
-            by_uuid[d.uuid.lower()] = d
-        if d.kind == "mig":
-            migs.setdefault((d.gpu_uuid.lower(), d.profile), []).append(d)
+    index = devices if isinstance(devices, DeviceIndex) else DeviceIndex.of(devices)
+    by_ref, by_uuid, migs = index.by_ref, index.by_uuid, index.migs
     later: list[Entity] = []
 
     def miss(reason: str, entity: Entity) -> None:
@@ -126,18 +146,22 @@ def join(
         if len(result.examples) < EXAMPLES:
             result.examples.append({"reason": reason, **entity.labels})
 
+    measured = result.measured
+
     def hit(entity: Entity, ref: DeviceRef, how: str) -> None:
-        if ref in result.measured:
+        if ref in measured:
             miss("two series for one device", entity)
         else:
-            result.measured[ref] = _measured(entity, ref, how)
+            measured[ref] = _measured(entity, ref, how)
 
+    count = 0
     for e in all_entities:
-        result.entities += 1
+        count += 1
         labels = e.labels
-        triple = (labels.get("dra_driver_name"), labels.get("dra_pool_name"), labels.get("dra_device_name"))
-        if all(triple):
-            ref = (str(triple[0]), str(triple[1]), str(triple[2]))
+        get = labels.get
+        driver, pool, device = get("dra_driver_name"), get("dra_pool_name"), get("dra_device_name")
+        if driver and pool and device:
+            ref = (driver, pool, device)
             if ref in by_ref:
                 hit(e, ref, "dra")
             else:
@@ -150,6 +174,7 @@ def join(
                 miss("MIG UUID not in the fleet", e)
         else:
             later.append(e)  # after every DRA-labelled entity has claimed its device
+    result.entities = count
     later.sort(key=lambda e: (e.labels.get("UUID", ""), e.labels.get("GPU_I_ID", "").zfill(4)))
     for e in later:
         labels = e.labels

@@ -13,11 +13,11 @@ so a round can record "unavailable since …" and nothing else breaks.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from math import isnan
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -51,10 +51,11 @@ ENTITY = "claimscope_entity"  # the label Prometheus joins ENTITY_LABELS into
 SEPARATOR = "\x1f"  # ASCII unit separator: appears in no label value the exporter writes
 
 
-@dataclass
+@dataclass(slots=True)
 class Entity:
     """One GPU or MIG instance as the exporter reports it: its identifying labels and, per metric, its
-    value this round (NaN, DCGM's "no value", is left out: a gap)."""
+    value this round (NaN, DCGM's "no value", is left out: a gap). Slots: a round holds one per GPU or
+    MIG instance of the fleet."""
 
     labels: dict[str, str]
     values: dict[str, float] = field(default_factory=dict)
@@ -119,10 +120,9 @@ def entity_labels(key: str, seen: dict[str, str] | None = None) -> dict[str, str
 
     ``seen`` shares equal values between entities (node, pool, model, profile, a MIG instance's parent
     GPU): one string each instead of one per entity, tens of MB on a large fleet."""
-    if seen is None:
-        seen = {}
+    share = ({} if seen is None else seen).setdefault
     return {
-        name: seen.setdefault(value, value)
+        name: share(value, value)
         for name, value in zip(ENTITY_LABELS, key.split(SEPARATOR), strict=False)
         if value
     }
@@ -180,13 +180,14 @@ class PrometheusSource:
                 raise PrometheusUnavailable(
                     f"{self.config.url}: expected a vector, got {data.get('resultType')}"
                 )
+            find = grouped.get
             for row in data["result"]:
                 value = float(row["value"][1])
-                if math.isnan(value):  # NaN is what DCGM reports for "no value": a gap, not a number
+                if isnan(value):  # NaN is what DCGM reports for "no value": a gap, not a number
                     continue
                 series += 1
                 key = row["metric"].get(ENTITY, "")
-                entity = grouped.get(key)
+                entity = find(key)
                 if entity is None:
                     entity = grouped[key] = Entity(entity_labels(key, seen))
                 entity.values[metric] = value
