@@ -1,6 +1,6 @@
 """The typed records normalize returns, one per kind we watch, and the rule that names a pod's claims.
 
-Frozen dataclasses: the ingest writes them, nothing changes them.
+Frozen dataclasses: the normalize functions build them, the ingest stores them.
 """
 
 from __future__ import annotations
