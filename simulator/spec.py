@@ -10,8 +10,8 @@ A spec is plain data (a dict or YAML file), e.g.:
       - {name: h100-dyn, model: H100, nodes: 1, mode: dynamic-mig}
       - {name: b300, model: B300, nodes: 1, taint_rate: 0.05}
 
-`build_fleet(spec)` turns it into Node, ResourceSlice and DeviceClass dicts through `nvidia.py`. The output is
-a pure function of the spec (the seed drives the "random" layout and which GPUs get health taints).
+`build_fleet(spec)` turns it into Node, ResourceSlice and DeviceClass dicts through `simulator.nvidia`. The
+output is a pure function of the spec (the seed drives the "random" layout and which GPUs get health taints).
 """
 
 from __future__ import annotations

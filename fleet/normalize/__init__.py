@@ -1,0 +1,118 @@
+"""Kubernetes object dicts -> typed records. Pure functions: no ORM, no I/O.
+
+``resource.k8s.io/v1`` and the older ``v1beta1`` shapes (a ``basic`` device wrapper, request fields without
+``exactly``) map to the same records. Unknown fields are ignored. A malformed object raises
+:class:`NormalizeError` naming the object and the field; callers log it and go on with the batch.
+
+Modules: ``records`` (the typed records), ``helpers`` (:class:`NormalizeError`, typed field access,
+metadata, quantities), ``gpus`` (GPU models and MIG identity, the devices of a slice), ``claims`` (claims,
+templates, API versions, pasted claims), ``kinds`` (the other kinds and the :func:`normalize` dispatch).
+"""
+
+from fleet.normalize.claims import (
+    CLAIM_KINDS,
+    CLAIM_VERSIONS,
+    MAX_PASTED_DEPTH,
+    check_claim_object,
+    claim_as_v1,
+    clean_pasted_claim,
+    normalize_claim,
+    normalize_template,
+    object_as_v1,
+    unsupported_api_version,
+)
+from fleet.normalize.gpus import (
+    CACHED_LENGTH,
+    FULL_GPU_SLICES,
+    MODEL_FAMILIES,
+    NVIDIA_GPU_DRIVER,
+    mig_compute_slices,
+    model_family,
+)
+from fleet.normalize.helpers import (
+    INT64_MAX,
+    MAX_RESOURCE_VERSION,
+    NormalizeError,
+    parse_resource_version,
+)
+from fleet.normalize.kinds import (
+    EVENT_REASONS,
+    GPU_EXTENDED_RESOURCES,
+    KINDS,
+    NORMALIZERS,
+    event_is_relevant,
+    is_stored,
+    normalize,
+    normalize_device_class,
+    normalize_event,
+    normalize_node,
+    normalize_pod,
+    normalize_slice,
+    pod_uses_gpus,
+)
+from fleet.normalize.records import (
+    AllocationRecord,
+    ClaimRecord,
+    ClaimSpec,
+    DeviceClassRecord,
+    DeviceRecord,
+    EventRecord,
+    Meta,
+    NodeRecord,
+    PodRecord,
+    Record,
+    RequestRecord,
+    SliceRecord,
+    TemplateRecord,
+    pod_claim_names,
+)
+
+__all__ = [
+    "CACHED_LENGTH",
+    "CLAIM_KINDS",
+    "CLAIM_VERSIONS",
+    "EVENT_REASONS",
+    "FULL_GPU_SLICES",
+    "GPU_EXTENDED_RESOURCES",
+    "INT64_MAX",
+    "KINDS",
+    "MAX_PASTED_DEPTH",
+    "MAX_RESOURCE_VERSION",
+    "MODEL_FAMILIES",
+    "NORMALIZERS",
+    "NVIDIA_GPU_DRIVER",
+    "AllocationRecord",
+    "ClaimRecord",
+    "ClaimSpec",
+    "DeviceClassRecord",
+    "DeviceRecord",
+    "EventRecord",
+    "Meta",
+    "NodeRecord",
+    "NormalizeError",
+    "PodRecord",
+    "Record",
+    "RequestRecord",
+    "SliceRecord",
+    "TemplateRecord",
+    "check_claim_object",
+    "claim_as_v1",
+    "clean_pasted_claim",
+    "event_is_relevant",
+    "is_stored",
+    "mig_compute_slices",
+    "model_family",
+    "normalize",
+    "normalize_claim",
+    "normalize_device_class",
+    "normalize_event",
+    "normalize_node",
+    "normalize_pod",
+    "normalize_slice",
+    "normalize_template",
+    "object_as_v1",
+    "parse_resource_version",
+    "pod_claim_names",
+    "pod_uses_gpus",
+    "unsupported_api_version",
+]
