@@ -58,8 +58,8 @@ _CONFIG = (
 )
 _INT64 = "the engine computes capacity with exact fractions, not aborting on values int64 cannot represent"
 _LIST_ATTRIBUTES = (
-    "list-valued attributes: the engine's CEL view and constraints disagree with upstream (gate off); "
-    "owned by the diagnosis-defects work (wip/diag)"
+    "list-valued attributes with the DRAListTypeAttributes gate off: the engine reads lists as lists "
+    "(the launcher turns the gate on), upstream's gate-off view and constraints differ"
 )
 _POOL_VALIDATION = "the engine does not validate counter sets across a pool's slices (invalid pool missed)"
 _COMPAT_GROUPS_OFF = (
