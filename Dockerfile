@@ -27,6 +27,9 @@ COPY manage.py pyproject.toml ./
 COPY dashboard ./dashboard
 COPY fleet ./fleet
 COPY claims ./claims
+COPY usage ./usage
+COPY web ./web
+COPY simulator ./simulator
 COPY templates ./templates
 COPY static ./static
 # Static files are collected at build time (WhiteNoise serves them); the key below exists only for this

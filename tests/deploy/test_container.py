@@ -104,6 +104,27 @@ def test_the_build_context_excludes_local_state():
     assert copied <= included | {"manage.py"}, copied - included
 
 
+def test_the_image_holds_every_package_the_settings_load():
+    """Every project package (the installed apps and the layers import-linter knows, e.g. ``web``) is copied
+    into the image and let through the build context: a missing one is an image that cannot start."""
+    import tomllib
+
+    from django.conf import settings
+
+    layers = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["root_packages"]
+    apps = {name.split(".")[0] for name in settings.INSTALLED_APPS if (ROOT / name.split(".")[0]).is_dir()}
+    ignore = [line for line in (ROOT / ".dockerignore").read_text().splitlines() if line and line[0] != "#"]
+    included = {line[1:].rstrip("/") for line in ignore if line.startswith("!")}
+    copied = {
+        args.split()[0]
+        for word, args in final_stage(DOCKERFILE.read_text())
+        if word == "COPY" and "--from" not in args
+    }
+    wanted = apps | set(layers)
+    assert wanted <= copied, f"not copied into the image: {sorted(wanted - copied)}"
+    assert wanted <= included, f"kept out of the build context: {sorted(wanted - included)}"
+
+
 # --------------------------------------------------------------------------------------------- compose
 
 
