@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections import Counter
 from datetime import UTC, datetime, timedelta
@@ -413,7 +414,7 @@ def test_the_xl_preset_is_15000_nodes_120000_gpus_and_about_a_million_devices() 
     # Devices per node of each pool, from one built node of that pool (building all of XL takes minutes).
     devices = 0
     for pool in spec.pools:
-        one = build_fleet(spec_from_dict({"pools": [{**pool.__dict__, "nodes": 1}]}))
+        one = build_fleet(spec_from_dict({"pools": [{**dataclasses.asdict(pool), "nodes": 1}]}))
         per_node = sum(
             len(s["spec"].get("devices", [])) for s in one.slices if s["spec"]["driver"] == "gpu.nvidia.com"
         )
