@@ -9,7 +9,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.db import transaction
+
 from fleet import ingest
+from fleet.ingest import gpu_state
 from fleet.models import Cluster
 from fleet.normalize import KINDS, NormalizeError, is_stored, normalize
 
@@ -79,14 +82,17 @@ def normalize_many(
 
 
 def import_objects(cluster: Cluster, grouped: dict[str, list[dict[str, Any]]]) -> ImportReport:
+    """Normalize and store every kind of a snapshot in one transaction: a page never shows half an
+    import, a failure stores nothing, and the per-GPU read model is recomputed once for all kinds."""
     report = ImportReport()
-    for kind in INGEST_ORDER:
-        records = normalize_many(kind, grouped.get(kind, []), report, cluster.name)
-        if records:
-            changes = [ingest.Change("upsert", r) for r in records]
-            result = ingest.apply_batch(cluster, kind, changes)
-            report.written[kind] = len(result.written)
-            report.unchanged[kind] = result.stale
+    with transaction.atomic(), gpu_state.one_refresh():
+        for kind in INGEST_ORDER:
+            records = normalize_many(kind, grouped.get(kind, []), report, cluster.name)
+            if records:
+                changes = [ingest.Change("upsert", r) for r in records]
+                result = ingest.apply_batch(cluster, kind, changes)
+                report.written[kind] = len(result.written)
+                report.unchanged[kind] = result.stale
     if report.written:
         ingest.notify_imported(cluster)
     return report

@@ -542,6 +542,10 @@ class GpuState(models.Model):
     # fleet.heatmap.blocked_devices), and its MIG layout as the heatmap shows it (fleet.heatmap.layout).
     counter_blocked = models.BooleanField(default=False)
     layout = models.TextField(blank=True)
+    # Of the recompute that wrote the row: per cluster, each recompute's is above every earlier one's
+    # (taken under the read-model lock), so a pool's (rows, newest revision) changes whenever it is
+    # recomputed: what the live feed polls (fleet.selectors.pool_versions).
+    revision = models.BigIntegerField(default=0)
 
     class Meta:
         constraints = [
@@ -550,6 +554,7 @@ class GpuState(models.Model):
         indexes = [
             models.Index(fields=["cluster", "model"], name="gpustate_model"),
             models.Index(fields=["cluster", "pool"], name="gpustate_pool"),
+            models.Index(fields=["cluster", "revision"], name="gpustate_revision"),
             models.Index(fields=["cluster", "node_name"], name="gpustate_node"),
         ]
 

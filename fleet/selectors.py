@@ -15,15 +15,14 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, cast
 
-from django.db import connection
-from django.db.models import BooleanField, Count, ExpressionWrapper, Max, Model, Q, QuerySet
+from django.db.models import BooleanField, Count, ExpressionWrapper, Max, Q, QuerySet
 
 from fleet import counts
 from fleet.counts import DeviceKey as DeviceKey
 from fleet.counts import FleetSummary as FleetSummary
 from fleet.counts import GroupCount as GroupCount
 from fleet.counts import ModelTotals as ModelTotals
-from fleet.models import Device, DeviceAllocation, ResourceClaim, ResourceSlice
+from fleet.models import Device, DeviceAllocation, ResourceSlice
 from fleet.quantity import QuantityError, parse_quantity
 
 PoolKey = tuple[int, str, str]  # cluster id, driver, pool
@@ -324,136 +323,43 @@ def gpu_states(cluster_ids: Iterable[int], pools: Iterable[PoolKey] | None = Non
     return [r for r in cast(Iterable[GpuStateRow], rows.values_list(*_GPU_STATE_FIELDS)) if r[:3] in keys]
 
 
-_MICROS = "(extract(epoch FROM max({column})) * 1000000)::bigint"
-_CLUSTER_VERSIONS_SQL = f"""
-SELECT cluster_id, 's', count(*), {_MICROS.format(column="synced_at")} FROM fleet_resourceslice
-WHERE cluster_id = ANY(%(clusters)s) GROUP BY cluster_id
-UNION ALL
-SELECT cluster_id, 'c', count(*), {_MICROS.format(column="synced_at")} FROM claims_resourceclaim
-WHERE cluster_id = ANY(%(clusters)s) GROUP BY cluster_id
-UNION ALL
-SELECT cluster_id, 'a', count(*), 0 FROM claims_deviceallocation
-WHERE cluster_id = ANY(%(clusters)s) GROUP BY cluster_id
-"""
-_POOL_VERSIONS_SQL = f"""
-SELECT s.cluster_id, s.driver, s.pool, s.n, s.t, coalesce(a.n, 0), coalesce(a.t, 0)
-FROM (
-  SELECT cluster_id, driver, pool, count(*) AS n, {_MICROS.format(column="synced_at")} AS t
-  FROM fleet_resourceslice WHERE cluster_id = ANY(%(clusters)s) GROUP BY cluster_id, driver, pool
-) s LEFT JOIN (
-  SELECT a.cluster_id, a.driver, a.pool, count(*) AS n, {_MICROS.format(column="c.synced_at")} AS t
-  FROM claims_deviceallocation a
-  JOIN claims_resourceclaim c ON c.cluster_id = a.cluster_id AND c.uid = a.claim_uid
-  WHERE NOT a.admin_access AND a.cluster_id = ANY(%(clusters)s) GROUP BY a.cluster_id, a.driver, a.pool
-) a ON a.cluster_id = s.cluster_id AND a.driver = s.driver AND a.pool = s.pool
-"""
-# The same for the named pools only. Driven by the list (LATERAL, one index probe of the slice and the
-# allocation pool indexes per pool): with ``IN (unnest ...)`` the planner hashes the list and scans every
-# slice and allocation of the cluster, which is what reading only the changed pools is meant to avoid.
-_SOME_POOL_VERSIONS_SQL = f"""
-SELECT p.cluster_id, p.driver, p.pool, s.n, s.t, a.n, a.t
-FROM unnest(%(pool_clusters)s::bigint[], %(pool_drivers)s::text[], %(pool_names)s::text[])
-  AS p(cluster_id, driver, pool)
-CROSS JOIN LATERAL (
-  SELECT count(*) AS n, coalesce({_MICROS.format(column="synced_at")}, 0) AS t FROM fleet_resourceslice
-  WHERE cluster_id = p.cluster_id AND driver = p.driver AND pool = p.pool
-) s
-CROSS JOIN LATERAL (
-  SELECT count(*) AS n, coalesce({_MICROS.format(column="c.synced_at")}, 0) AS t
-  FROM claims_deviceallocation a
-  JOIN claims_resourceclaim c ON c.cluster_id = a.cluster_id AND c.uid = a.claim_uid
-  WHERE NOT a.admin_access AND a.cluster_id = p.cluster_id AND a.driver = p.driver AND a.pool = p.pool
-) a
-WHERE s.n > 0
-"""
-
-
 def cluster_versions(cluster_ids: Iterable[int]) -> dict[int, tuple[int, ...]]:
-    """Per cluster, a value that changes whenever ingest writes or deletes a slice (and so its devices)
-    or a claim (and so its allocations): counts and the latest ``synced_at`` (ingest stamps every row it
-    writes with the time of the write, so a write moves the maximum; a delete changes a count). One query
-    of three small aggregates: the cheap check before :func:`pool_versions`."""
-    if connection.vendor != "postgresql":
-        return _cluster_versions_orm(list(cluster_ids))
-    out: dict[int, list[int]] = defaultdict(lambda: [0] * 6)
-    with connection.cursor() as cursor:
-        cursor.execute(_CLUSTER_VERSIONS_SQL, {"clusters": list(cluster_ids)})
-        for cid, table, n, t in cursor.fetchall():
-            i = "sca".index(table) * 2
-            out[cid][i : i + 2] = [n, t or 0]
-    return {cid: tuple(v) for cid, v in out.items()}
+    """Per cluster, a value that changes whenever the per-GPU read model of one of its pools is recomputed
+    (ingest does so in the transaction of every write of a slice, and so its devices, or of a claim, and
+    so its allocations): the number of GPU rows and the newest revision. One indexed aggregate: the cheap
+    check before :func:`pool_versions`."""
+    from fleet.models import GpuState
 
-
-def _pool_params(pools: Iterable[PoolKey]) -> dict[str, list[Any]]:
-    keys = sorted(set(pools))
-    return {
-        "pool_clusters": [k[0] for k in keys],
-        "pool_drivers": [k[1] for k in keys],
-        "pool_names": [k[2] for k in keys],
-    }
+    rows = (
+        GpuState.objects.filter(cluster_id__in=list(cluster_ids))
+        .values_list("cluster_id")
+        .annotate(Count("id"), Max("revision"))
+        .order_by()
+    )
+    return {cid: (n, revision) for cid, n, revision in rows}
 
 
 def pool_versions(
     cluster_ids: Iterable[int], pools: Iterable[PoolKey] | None = None
 ) -> dict[PoolKey, tuple[int, ...]]:
-    """Per pool, what :func:`cluster_versions` is per cluster: slice and allocation counts and the latest
-    write of a slice or of a claim allocated in it. One query (a pool without slices has no devices to
-    show, so pools are those of the slices: a pool of ``pools`` missing from the result has none left).
-    With ``pools``, only those are read (through the slice and allocation pool indexes), so the cost
-    follows what changed, not the size of the clusters."""
+    """Per pool, what :func:`cluster_versions` is per cluster: its GPU rows and their revision (a pool
+    missing from the result has no GPU left to show). With ``pools``, only those are read (through the
+    read model's pool index), so the cost follows what changed, not the size of the clusters."""
+    from fleet.models import GpuState
+
     ids = list(cluster_ids)
-    if connection.vendor != "postgresql":
-        return _pool_versions_orm(ids, pools)
-    with connection.cursor() as cursor:
-        if pools is None:
-            cursor.execute(_POOL_VERSIONS_SQL, {"clusters": ids})
-        else:
-            keys = [k for k in pools if k[0] in ids]
-            if not keys:
-                return {}
-            cursor.execute(_SOME_POOL_VERSIONS_SQL, _pool_params(keys))
-        return {(cid, driver, pool): tuple(v) for cid, driver, pool, *v in cursor.fetchall()}
-
-
-# The same versions through the ORM, for the embedded SQLite: equal where PostgreSQL's are equal (the feed
-# only compares a version with the previous one of the same process), written with portable aggregates.
-def _cluster_versions_orm(ids: list[int]) -> dict[int, tuple[Any, ...]]:
-    out: dict[int, list[Any]] = defaultdict(lambda: [0, None, 0, None, 0, None])
-    models: tuple[type[Model], ...] = (ResourceSlice, ResourceClaim, DeviceAllocation)
-    for i, model in enumerate(models):
-        stamp = Max("synced_at") if i < 2 else Max("id")
-        rows = model._default_manager.filter(cluster_id__in=ids).values_list("cluster_id")
-        rows = rows.annotate(Count("id"), stamp)
-        for cid, n, t in rows.order_by():
-            out[cid][i * 2 : i * 2 + 2] = [n, t]
-    return {cid: tuple(v) for cid, v in out.items()}
-
-
-def _pool_versions_orm(ids: list[int], pools: Iterable[PoolKey] | None) -> dict[PoolKey, tuple[Any, ...]]:
-    wanted = None if pools is None else {k for k in pools if k[0] in ids}
-    if wanted is not None and not wanted:
-        return {}
-    slices = ResourceSlice.objects.filter(cluster_id__in=ids)
-    allocations = DeviceAllocation.objects.filter(cluster_id__in=ids, admin_access=False)
-    if wanted is not None:
-        names = sorted({k[2] for k in wanted})
-        slices, allocations = slices.filter(pool__in=names), allocations.filter(pool__in=names)
-    by_slices = {
-        (cid, driver, pool): (n, t)
-        for cid, driver, pool, n, t in slices.values_list("cluster_id", "driver", "pool")
-        .annotate(Count("id"), Max("synced_at"))
-        .order_by()
-    }
-    by_allocations = {
-        (cid, driver, pool): (n, t)
-        for cid, driver, pool, n, t in allocations.values_list("cluster_id", "driver", "pool")
-        .annotate(Count("id"), Max("claim__synced_at"))
-        .order_by()
-    }
+    rows = GpuState.objects.filter(cluster_id__in=ids)
+    wanted = None
+    if pools is not None:
+        wanted = {k for k in pools if k[0] in ids}
+        if not wanted:
+            return {}
+        rows = rows.filter(pool__in=sorted({k[2] for k in wanted}))
+    grouped = rows.values_list("cluster_id", "driver", "pool").annotate(Count("id"), Max("revision"))
     return {
-        key: (*v, *by_allocations.get(key, (0, None)))
-        for key, v in by_slices.items()
-        if wanted is None or key in wanted
+        (cid, driver, pool): (n, revision)
+        for cid, driver, pool, n, revision in grouped.order_by()
+        if wanted is None or (cid, driver, pool) in wanted
     }
 
 

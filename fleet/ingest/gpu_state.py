@@ -4,22 +4,26 @@ Called by :mod:`fleet.ingest.apply` inside the transaction of every batch that w
 allocations, with the pools the batch touched: those pools' rows are recomputed from their current
 devices and allocations (a pool is the unit because the dynamic-MIG counter rule and the newest
 generation are per pool, and a GPU's devices are published in one pool). A relist recomputes the pools of
-what it wrote or deleted; an initial sync, the whole cluster.
+what it wrote or deleted; an initial sync, the whole cluster. Several batches applied in one transaction
+(an import: every kind of a snapshot) recompute once, at the end, under :func:`one_refresh`.
 The rows come from :func:`rows_of`, a pure function over the same inputs the per-device counts read, so
 the read model counts by :mod:`fleet.counts`' rules only.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import orjson
-from django.db.models import QuerySet, TextField
+from django.db import connection
+from django.db.models import Max, QuerySet, TextField
 from django.db.models.functions import Cast
 
 from fleet import counts, heatmap, selectors
-from fleet.ingest import locks
+from fleet.ingest import locks, statistics
 from fleet.ingest.sql import write_rows
 from fleet.models import Device, DeviceGroupState, GpuState, ResourceSlice
 from fleet.normalize import FULL_GPU_SLICES
@@ -165,11 +169,66 @@ def refresh(cluster_id: int, pools: Collection[str] | None = None) -> int:
     current = selectors.of_newest(_device_dicts(devices), newest)
     holders = selectors.allocation_holders([cluster_id], pools=names)
     gpus, groups = rows_of(current, holders, counter_sets)
+    # After the lock: the recomputes of a cluster get increasing revisions in the order they commit.
+    revision = (GpuState.objects.filter(cluster_id=cluster_id).aggregate(r=Max("revision"))["r"] or 0) + 1
+    for gpu in gpus:
+        gpu["revision"] = revision
     for rows in stored:
         rows.delete()  # nothing refers to these rows: one DELETE each
     write_rows(GpuState, gpus)
     write_rows(DeviceGroupState, groups)
     return len(gpus)
+
+
+# Cluster id -> the pools to recompute at the end of the enclosing :func:`one_refresh` (None: all of them).
+_deferred: ContextVar[dict[int, set[str] | None] | None] = ContextVar("read_model_deferred", default=None)
+
+
+def update(cluster_id: int, pools: Collection[str] | None) -> bool:
+    """What a batch calls after writing devices or allocations of ``pools`` (None: anywhere in the
+    cluster): the rows are recomputed now, or noted for the end of the enclosing :func:`one_refresh`.
+    True when recomputed now."""
+    pending = _deferred.get()
+    if pending is None:
+        refresh(cluster_id, pools)
+        return True
+    if cluster_id in pending and pending[cluster_id] is None:
+        return False
+    if pools is None:
+        pending[cluster_id] = None
+    else:
+        pending.setdefault(cluster_id, set()).update(pools)  # type: ignore[union-attr]
+    return False
+
+
+@contextmanager
+def one_refresh() -> Iterator[None]:
+    """Batches applied inside recompute the read model once, at the end, for everything they touched.
+
+    Use inside the one transaction that applies them (an import), so the rows still commit with what they
+    derive from. Each batch recomputing its own pools cost an import of the L fleet two full recomputes (the
+    slices', then the claims'), the second with every pool name in its filter; the recompute reads the
+    batches' uncommitted rows, which this transaction sees. Not re-entrant: an inner block joins the outer."""
+    if not connection.in_atomic_block:
+        raise RuntimeError("one_refresh() needs the transaction that applies the batches")
+    if _deferred.get() is not None:
+        yield
+        return
+    pending: dict[int, set[str] | None] = {}
+    token = _deferred.set(pending)
+    try:
+        yield
+    finally:
+        _deferred.reset(token)
+    for cluster_id, pools in pending.items():
+        if pools is not None and len(pools) * 2 >= _pool_count(cluster_id):
+            pools = None  # most of the cluster: one read of all of it beats a filter naming every pool
+        written = refresh(cluster_id, pools)
+        statistics.analyze_if_grown(GpuState, written, READ_MODEL)
+
+
+def _pool_count(cluster_id: int) -> int:
+    return ResourceSlice.objects.filter(cluster_id=cluster_id).values("pool").distinct().count()
 
 
 def rebuild_all(cluster_ids: Iterable[int]) -> None:

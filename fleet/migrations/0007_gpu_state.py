@@ -4,21 +4,6 @@ import django.db.models.deletion
 from django.db import migrations, models
 
 
-def fill(apps, schema_editor):
-    """Fill the read model from the devices and allocations already stored, by the code's own rules
-    (fleet.ingest.gpu_state, the only writer): the rules are the code's, not a historical model's."""
-    from fleet.ingest import gpu_state, statistics
-
-    cluster = apps.get_model("fleet", "Cluster")
-    # A database just restored has no planner statistics: the rebuild's joins need them.
-    sources = [apps.get_model(*name.split(".")) for name in (
-        "fleet.ResourceSlice", "fleet.Device", "fleet.ResourceClaim", "fleet.DeviceAllocation"
-    )]  # fmt: skip
-    statistics.analyze(sources)
-    gpu_state.rebuild_all(cluster.objects.values_list("pk", flat=True))
-    statistics.analyze(gpu_state.READ_MODEL)
-
-
 class Migration(migrations.Migration):
     dependencies = [
         ("fleet", "0006_mirror_namespaced_kinds"),  # the backfill reads allocations and their claims
@@ -116,5 +101,4 @@ class Migration(migrations.Migration):
                 ],
             },
         ),
-        migrations.RunPython(fill, migrations.RunPython.noop),
     ]

@@ -17,7 +17,8 @@ from fleet.models import DeviceGroupState, GpuState
 from fleet.selectors import Holder
 from tests.fleet_pages.conftest import FIXTURE_GPUS, FleetEditor
 
-GPU_COLUMNS = [f.attname for f in GpuState._meta.concrete_fields if not f.primary_key]
+# The revision differs after any recompute by design (test_a_recompute_moves_the_version_the_feed_polls).
+GPU_COLUMNS = [f.attname for f in GpuState._meta.concrete_fields if f.attname not in ("id", "revision")]
 GROUP_COLUMNS = [f.attname for f in DeviceGroupState._meta.concrete_fields if not f.primary_key]
 
 
@@ -77,6 +78,35 @@ def test_after_random_batches_the_rows_equal_the_counts_and_a_full_rebuild(edito
     assert api_selectors.compute_summary()["total"] == selectors.fleet_summary_per_device().as_dict()
 
 
+def test_an_import_recomputes_the_read_model_once_for_all_its_kinds(db, monkeypatch):
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    from tests.fleet_pages.conftest import FIXTURE
+
+    calls: list[tuple[int, Any]] = []
+    refresh = gpu_state.refresh
+
+    def counted(cluster_id: int, pools: Any = None) -> int:
+        calls.append((cluster_id, pools))
+        return refresh(cluster_id, pools)
+
+    monkeypatch.setattr(gpu_state, "refresh", counted)
+    call_command("import_snapshot", str(FIXTURE), cluster="fixtures", stdout=StringIO())
+    # Slices and claims both touched every pool: one recompute of the whole cluster, not one per kind.
+    assert len(calls) == 1 and calls[0][1] is None
+    assert GpuState.objects.count() == FIXTURE_GPUS
+    assert_read_model_is_current(calls[0][0])
+
+
+def test_one_refresh_needs_the_transaction_that_applies_the_batches(transactional_db):
+    import pytest
+
+    with pytest.raises(RuntimeError, match="transaction"), gpu_state.one_refresh():
+        pass
+
+
 def test_a_batch_rewrites_only_the_rows_of_the_pools_it_touched(editor):
     before = {(g.pool, g.gpu_uuid): g.pk for g in GpuState.objects.all()}
     target = editor.gpu_slices()[0]
@@ -95,6 +125,21 @@ def counter_device(name: str, kind: str, slices: int, memory: int, profile: str 
         "gpu_minor": 0, "taints": [],
         "counters_consumed": [{"counterSet": "gpu-0", "counters": {"memory": {"value": str(memory)}}}],
     }  # fmt: skip
+
+
+def test_a_recompute_moves_the_version_the_feed_polls_of_its_pools_only(editor):
+    target = editor.gpu_slices()[0]
+    key = (editor.cluster.pk, target["spec"]["driver"], target["spec"]["pool"]["name"])
+    pools = selectors.pool_versions([editor.cluster.pk])
+    cluster = selectors.cluster_versions([editor.cluster.pk])
+    editor.taint_devices(target, 1)
+    after = selectors.pool_versions([editor.cluster.pk])
+    assert {k for k in pools if after.get(k) != pools[k]} == {key}
+    assert selectors.cluster_versions([editor.cluster.pk]) != cluster
+    # Asked for some pools, the same versions.
+    assert selectors.pool_versions([editor.cluster.pk], [key]) == {key: after[key]}
+    editor.delete("ResourceSlice", target)
+    assert key not in selectors.pool_versions([editor.cluster.pk])  # no GPU left to show
 
 
 def test_a_dynamic_mig_gpu_row_counts_partitions_blocked_by_its_allocated_sibling():
@@ -129,7 +174,7 @@ def test_the_overview_reads_the_same_numbers_on_every_database(fleet):
 
 
 def test_the_migration_fills_the_read_model_from_the_stored_rows(fleet):
-    migration = importlib.import_module("fleet.migrations.0007_gpu_state")
+    migration = importlib.import_module("fleet.migrations.0008_gpu_state_revision")
     expected = stored_rows()
     GpuState.objects.all().delete()
     DeviceGroupState.objects.all().delete()
