@@ -6,16 +6,12 @@ module lays the counts out per cluster, and MIG devices on their GPU's slots.
 
 from __future__ import annotations
 
-import hashlib
 import re
-import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, cast
-
-from django.core.cache import cache
+from typing import Any
 
 from fleet import counts, readmodel, selectors
 from fleet.filters import FleetFilter
@@ -325,47 +321,16 @@ def overviews_per_device(filters: FleetFilter, cluster_names: Mapping[int, str])
     return cluster_overviews(narrow(devices, filters, labels), holders, counter_sets, cluster_names)
 
 
-OVERVIEW_CACHE_SECONDS = 600
-# While one request computes a new fleet version's overview (seconds on the L fleet), the others get the
-# previous version's if it is at most this old, instead of each computing the same counts at once.
-OVERVIEW_STALE_SECONDS = 30
-OVERVIEW_COMPUTING_SECONDS = 60  # a computation not finished by then is presumed dead (its lock lapses)
-
-
 def load_cluster_overviews(filters: FleetFilter, cluster_names: Mapping[int, str]) -> list[ClusterOverview]:
     """The overview's per-cluster counts for the filters (the state filter applies later, to the rows),
-    from PostgreSQL's aggregates, cached per fleet version: requests between two fleet changes read one
-    cache entry instead of aggregating the whole fleet again. After a change, one request computes the new
-    counts; requests arriving meanwhile get the previous version's (at most ``OVERVIEW_STALE_SECONDS``
-    old), so a fleet under churn costs one computation at a time, not one per request."""
-    from fleet.api import (
-        selectors as api_selectors,  # the summary's fleet version: it changes with every slice or claim
-    )
-
+    read from the per-GPU read model on each request: two indexed aggregates, tens of milliseconds on the
+    L fleet, so no cache has to follow ingest's commits."""
     nodes = None
     if filters.label:
         labels = selectors.node_labels(list(cluster_names))
         nodes = tuple(sorted(k for k, v in labels.items() if filters.matches_labels(v)))
     scope = selectors.OverviewScope(tuple(sorted(cluster_names)), filters.model, filters.pool, nodes)
-    where = (counts.DEFINITIONS_VERSION, sorted(cluster_names.items()), scope)
-    key = "fleet:overview:" + _digest((api_selectors.fleet_version(), *where))
-    cached = cache.get(key)
-    if cached is not None:
-        return cast(list[ClusterOverview], cached)
-    latest_key = "fleet:overview:latest:" + _digest(where)
-    computing = cache.add(latest_key + ":computing", 1, timeout=OVERVIEW_COMPUTING_SECONDS)
-    if not computing:  # another request is computing this scope's counts: the previous ones will do
-        latest = cache.get(latest_key)
-        if latest is not None and time.time() - latest[0] <= OVERVIEW_STALE_SECONDS:
-            return cast(list[ClusterOverview], latest[1])
-    try:
-        out = compute_overviews(scope, filters, cluster_names)
-        cache.set(key, out, timeout=OVERVIEW_CACHE_SECONDS)
-        cache.set(latest_key, (time.time(), out), timeout=OVERVIEW_CACHE_SECONDS)
-    finally:
-        if computing:
-            cache.delete(latest_key + ":computing")
-    return out
+    return compute_overviews(scope, filters, cluster_names)
 
 
 def compute_overviews(
@@ -380,7 +345,3 @@ def compute_overviews(
         ClusterOverview(name, per_cluster.get(cid) or FleetSummary())
         for cid, name in sorted(cluster_names.items(), key=lambda item: item[1])
     ]
-
-
-def _digest(value: object) -> str:
-    return hashlib.sha256(repr(value).encode()).hexdigest()[:32]

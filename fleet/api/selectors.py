@@ -7,13 +7,10 @@ allocated compute slices out of 7.
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import time
 from collections import defaultdict
 from typing import Any
 
-from django.core.cache import cache
 from django.db.models import (
     BooleanField,
     Count,
@@ -27,12 +24,10 @@ from django.db.models import (
     Window,
 )
 
-from fleet import commit_counter, counts, readmodel
-from fleet.counts import FleetSummary
+from fleet import counts, readmodel
 from fleet.models import Cluster, Device, DeviceAllocation, ResourceClaim, ResourceSlice
 from fleet.normalize import FULL_GPU_SLICES
 
-SUMMARY_CACHE_SECONDS = 3600
 log = logging.getLogger(__name__)
 
 
@@ -152,75 +147,11 @@ def cluster_names() -> dict[int, str]:
     return dict(Cluster.objects.values_list("id", "name"))
 
 
-def fleet_version() -> tuple[Any, ...]:
-    """Changes whenever ingest commits a change: the counter it bumps after each commit
-    (:mod:`fleet.commit_counter`), and, should the cache lose that counter, the row counts and the latest
-    ``synced_at`` ingest stamps on every slice or claim it writes."""
-    slices = ResourceSlice.objects.aggregate(n=Count("id"), t=Max("synced_at"))
-    claims = ResourceClaim.objects.aggregate(n=Count("id"), t=Max("synced_at"))
-    counts = (Cluster.objects.count(), slices["n"], slices["t"], claims["n"], claims["t"])
-    return (commit_counter.current(), *counts)
-
-
-# (version key, summary) of the last computed summary
-SUMMARY_LATEST_KEY = f"api:summary:latest:{counts.DEFINITIONS_VERSION}"
-WARM_GRACE_SECONDS = 30  # a refresh asked for longer ago than this is overdue: compute on the request
-
-
-def _summary_key(version: tuple[Any, ...]) -> str:
-    digest = hashlib.sha256(repr((counts.DEFINITIONS_VERSION, version)).encode()).hexdigest()[:32]
-    return f"api:summary:{digest}"
-
-
 def summary(cluster_id: int | None = None) -> dict[str, Any]:
-    """The fleet summary (of one cluster with ``cluster_id``), computed off the request path.
-
-    A change event asks the Celery task :func:`fleet.tasks.summary.warm_summary` to compute the summary
-    of the new fleet version (debounced). Until it has, requests get the previous summary, a few seconds
-    old; only when there is none, or the refresh is overdue (no worker?), does a request compute it."""
-    whole, _ = current_summary()
-    return summary_of_cluster(whole, cluster_id)
-
-
-def current_summary() -> tuple[dict[str, Any], bool]:
-    """The whole fleet's summary and whether it is the previous version's (a refresh is under way)."""
-    from fleet.tasks import summary as tasks_summary
-
-    key = _summary_key(fleet_version())
-    cached = cache.get(key)
-    if cached is not None:
-        return cached, False
-    latest = cache.get(SUMMARY_LATEST_KEY)
-    asked = tasks_summary.request_warm(key)
-    if latest is not None and time.time() - asked < WARM_GRACE_SECONDS:
-        return latest[1], True
-    log.warning(
-        "summary: no current summary and no refresh in %d s; computing it on the request", WARM_GRACE_SECONDS
-    )
-    return warm_summary_cache(), False
-
-
-def warm_summary_cache() -> dict[str, Any]:
-    """Compute the whole fleet's summary for the current version and cache it (idempotent)."""
-    key = _summary_key(fleet_version())
-    cached = cache.get(key)
-    if cached is not None:
-        return cached
-    whole = compute_summary()
-    cache.set(key, whole, timeout=SUMMARY_CACHE_SECONDS)
-    cache.set(SUMMARY_LATEST_KEY, (key, whole), timeout=SUMMARY_CACHE_SECONDS)
-    return whole
-
-
-def summary_of_cluster(whole: dict[str, Any], cluster_id: int | None) -> dict[str, Any]:
-    """One cluster's part of the whole summary (its section, which is also its total), or the whole."""
-    if cluster_id is None:
-        return whole
-    name = cluster_names().get(cluster_id)
-    mine = [c for c in whole["clusters"] if name is not None and c["cluster"] == name]
-    if not mine:
-        return {"clusters": [], "total": FleetSummary().as_dict()}
-    return {"clusters": mine, "total": {k: v for k, v in mine[0].items() if k != "cluster"}}
+    """Partition-aware counts per cluster and for the whole fleet (of one cluster with ``cluster_id``), by
+    model, MIG profile and state: the per-GPU read model's, two indexed aggregates, read on each request
+    (tens of milliseconds on the L fleet: no cache to keep in step with ingest)."""
+    return compute_summary(cluster_id)
 
 
 def compute_summary(cluster_id: int | None = None) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 
-from fleet import commit_counter
+from fleet import outage_log
 from fleet.ingest.specs import BatchResult
 from fleet.models import Cluster
 
@@ -54,14 +54,13 @@ def publish_on_commit(cluster: Cluster, result: BatchResult) -> None:
 
 
 def _notify(event: dict[str, Any]) -> None:
-    commit_counter.bump()  # first: a page that reads the new count must find the committed rows
     publish(event)
     for listener in _listeners:
         try:
             listener(event)
         except Exception as exc:  # a listener's failure must not undo or block ingestion
             name = getattr(listener, "__qualname__", repr(listener))
-            commit_counter.log_failure(
+            outage_log.log_failure(
                 log, f"change listener {name} failed for {event['cluster']} {event['kind']}", exc
             )
 
@@ -94,7 +93,7 @@ def publish(event: dict[str, Any]) -> None:
         else:
             async_to_sync(layer.group_send)(settings.CLAIMSCOPE_INGEST_GROUP, event)
     except Exception as exc:  # the database is the truth; a lost notification only delays a page update
-        commit_counter.log_failure(
+        outage_log.log_failure(
             log, f"could not publish change events for {event['cluster']} {event['kind']}", exc
         )
 

@@ -2,6 +2,6 @@
 (``history``, beat) and the API summary (``summary``). Imported here so that Celery's autodiscovery of
 ``fleet.tasks`` registers every one of them."""
 
-from fleet.tasks import history, summary, watch
+from fleet.tasks import history, watch
 
-__all__ = ["history", "summary", "watch"]
+__all__ = ["history", "watch"]

@@ -78,30 +78,15 @@ class TestOnTheFixtureFleet:
         body = api.get("/api/v1/summary/", {"cluster": "nope"}).json()
         assert body["clusters"] == [] and body["total"]["devices"] == 0
 
-    def test_summary_follows_ingest_through_a_warm_task_never_computed_on_the_request(self, api, monkeypatch):
+    def test_summary_follows_ingest_at_once(self, api):
         from fleet import ingest
-        from fleet.api import selectors as api_selectors
         from fleet.models import Cluster, ResourceClaim
         from fleet.normalize import normalize
-        from fleet.tasks import summary as tasks_summary
 
-        enqueued: list[int] = []
-        monkeypatch.setattr(tasks_summary.warm_summary, "apply_async", lambda **kw: enqueued.append(1))
-        before = api.get("/api/v1/summary/").json()["total"]["allocated"]  # the first one ever: computed
+        before = api.get("/api/v1/summary/").json()["total"]["allocated"]
         claim = ResourceClaim.objects.get(namespace="ml-train", name="notebook-alice-gpu")
         change = ingest.Change("delete", normalize("ResourceClaim", claim.raw))
         ingest.apply_batch(Cluster.objects.get(name="fixtures"), "ResourceClaim", [change])
-        assert enqueued  # ingest's change listener asked for a refresh
-
-        def not_on_the_request_path() -> None:
-            raise AssertionError("the summary was computed on a request")
-
-        monkeypatch.setattr(api_selectors, "compute_summary", not_on_the_request_path)
-        # Until the refresh ran: the previous summary.
-        assert api.get("/api/v1/summary/").json()["total"]["allocated"] == before
-        monkeypatch.undo()
-        tasks_summary.warm_summary()  # what the Celery worker runs
-        monkeypatch.setattr(api_selectors, "compute_summary", not_on_the_request_path)
         assert api.get("/api/v1/summary/").json()["total"]["allocated"] == before - 1
 
     def test_a_clusters_summary_is_its_part_of_the_whole(self, api):
