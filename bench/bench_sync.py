@@ -157,7 +157,7 @@ def backend_cpu() -> float | None:
 
 def sync_kind(cluster: Any, kind: str, items: list[Obj], since: Callable[[], float]) -> KindRun:
     cpu, server = time.thread_time(), backend_cpu()
-    ingest_list(cluster, kind, items, 10**6)
+    ingest_list(cluster, kind, [items], 10**6)
     server_after = backend_cpu()
     server_cpu = None if server is None or server_after is None else server_after - server
     return KindRun(since(), time.thread_time() - cpu, server_cpu)

@@ -37,7 +37,7 @@ def main(argv: list[str]) -> int:
     for kind in INGEST_ORDER:
         objects, version = sim.list(kind)
         t = time.perf_counter()
-        ingest_list(cluster, kind, objects, int(version))
+        ingest_list(cluster, kind, [objects], int(version))
         print(f"{kind}: {len(objects)} objects in {time.perf_counter() - t:.1f}s", flush=True)
     print(f"loaded preset {name} as cluster 'sim' in {time.perf_counter() - started:.1f}s")
     return 0

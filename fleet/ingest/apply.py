@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
 from decimal import Decimal
+from itertools import islice
 
 from django.db import models, transaction
 from django.utils import timezone
@@ -76,9 +77,10 @@ def replace_all(
 ) -> BatchResult:
     """After a list: upsert every record; delete stored objects absent from it, unless newer than the list.
 
-    ``records`` may be lazy (a generator normalizing the list): on a cluster's initial sync they are
-    consumed while COPY streams them, so normalizing overlaps the server's work on the rows already sent;
-    otherwise they are collected first."""
+    ``records`` may be lazy (a generator normalizing a paged list): they are consumed and written a page
+    of ``RELIST_PAGE`` at a time (with their children and the kind's history hook), so a relist holds one
+    page of records, plus the keys and versions of the kind, never the whole list. All pages go in one
+    transaction: the relist is applied whole or not at all."""
     spec = SPECS[kind]
     observed_at = observed_at or timezone.now()
     with transaction.atomic():
@@ -95,6 +97,7 @@ def replace_all(
         if stored and int(stored[0]) > list_resource_version:
             # The server went back in time (etcd restored, cluster rebuilt under the same name): our
             # rows may carry versions the server will never reach again, so the fence cannot apply.
+            # Rare enough to hold the list once.
             log.warning("%s/%s: list at %d is older than our cursor %d; replacing all", cluster.name, kind,
                         list_resource_version, int(stored[0]))  # fmt: skip
             records = list(records)
@@ -106,26 +109,30 @@ def replace_all(
             # Objects the list still has are rewritten below: for the history they never went away.
             listed_uids = {r.meta.uid for r in records}
             rows.delete_keys(cluster, spec, all_keys, observed_at, keep_history_of=listed_uids)
-        if fresh:
-            result.written = rows.upsert(cluster, spec, records, observed_at, fresh=True)
-            count = len(result.written)  # every record: nothing stored to be newer
-        else:
-            listed = list(records)
-            # Most of a relist is what is stored already, at the same resourceVersion (the same object): left
-            # out before the upsert, so they cost one read of the versions instead of a staged row each. The
-            # fence would skip them too (a concurrent writer is still ordered by it).
-            stored_at = stored_versions(cluster, spec)
-            newer = [r for r in listed if stored_at.get(spec.key_of(r)) != r.meta.resource_version]
-            if pooled and not everything:  # the pools of the rows about to be replaced
-                touched |= pool_discovery.child_pools(cluster, spec, newer)
-            result.written = rows.upsert(cluster, spec, newer, observed_at)
-            if pooled and not everything and result.written:  # ... and of those written in their place
-                touched |= pool_discovery.child_pools(cluster, spec, newer)
-            count = len(listed)
+        # Most of a relist is what is stored already, at the same resourceVersion (the same object): left
+        # out before the upsert, so they cost one read of the versions instead of a staged row each. The
+        # fence would skip them too (a concurrent writer is still ordered by it).
+        stored_at = {} if fresh else stored_versions(cluster, spec)
+        present: set[tuple[str, ...]] = set()
+        count = 0
+        for page in pages(records, RELIST_PAGE):
+            count += len(page)
+            if fresh:  # nothing stored, so nothing newer: every record is written, by COPY
+                result.written += rows.upsert(cluster, spec, page, observed_at, fresh=True)
+            else:
+                present.update(spec.key_of(r) for r in page)
+                newer = [r for r in page if stored_at.get(spec.key_of(r)) != r.meta.resource_version]
+                if pooled and not everything:  # the pools of the rows about to be replaced
+                    touched |= pool_discovery.child_pools(cluster, spec, newer)
+                written = rows.upsert(cluster, spec, newer, observed_at)
+                if pooled and not everything and written:  # ... and of those written in their place
+                    touched |= pool_discovery.child_pools(cluster, spec, newer)
+                result.written += written
+                del newer
+            del page  # else it would live on while the next page is read and normalized
         result.stale = count - len(result.written)
         result.resync = True
         if not fresh:  # else nothing was stored, so nothing can be absent from the list
-            present = {spec.key_of(r) for r in listed}
             absent = [
                 key
                 for key in spec.model._default_manager.filter(
@@ -155,6 +162,20 @@ def replace_all(
     if grown and refreshed:
         statistics.analyze(gpu_state.READ_MODEL)
     return result
+
+
+RELIST_PAGE = 500  # records a relist writes at a time (a page of the API server's list)
+
+
+def pages(records: Iterable[Record], size: int) -> Iterator[list[Record]]:
+    """``records`` in lists of ``size`` (the last one shorter), consumed as they are asked for."""
+    it = iter(records)
+    while True:
+        page = list(islice(it, size))
+        if not page:
+            return
+        yield page
+        del page  # not kept while the next one is read
 
 
 def tables_of(spec: TableSpec) -> list[type[models.Model]]:

@@ -23,6 +23,7 @@ from kubernetes.config.incluster_config import InClusterConfigLoader
 from fleet.kube.source import Forbidden, Gone, Obj, SourceError, status_error
 
 PAGE_SIZE = 500
+Items = list[Obj]  # a page of a list (``list`` is a method name inside KubeSource)
 SERVICE_ACCOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 
@@ -167,31 +168,49 @@ class KubeSource:
     # --------------------------------------------------------------------------------------- Source
 
     def list(self, kind: str) -> tuple[list[Obj], str]:
-        """All objects of ``kind`` in pages of 500; the resourceVersion of the (consistent) list."""
+        """All objects of ``kind`` (read in pages of 500); the resourceVersion of the (consistent) list."""
+        resource_version, pages = self.list_pages(kind)
+        return [item for page in pages for item in page], resource_version
+
+    def list_pages(self, kind: str) -> tuple[str, Iterator[Items]]:
+        """The list of ``kind`` a page of 500 at a time: its resourceVersion (read with the first page,
+        which is fetched now, so a refused list fails here) and the pages, each fetched when the previous
+        one has been consumed. A relist thus never holds more than a page of decoded objects; a continue
+        token that expires meanwhile (410) fails the relist, which the stream retries."""
         path = self._path(kind)
+        first, token = self._page(kind, path, {"limit": str(PAGE_SIZE)})
+        resource_version = str((first.get("metadata") or {}).get("resourceVersion") or "")
+
+        def pages() -> Iterator[Items]:
+            page, next_token = first, token
+            while True:
+                yield self._items(kind, page)
+                if not next_token:
+                    return
+                # Every page of a paged list carries the first page's snapshot version.
+                page, next_token = self._page(kind, path, {"limit": str(PAGE_SIZE), "continue": next_token})
+
+        return resource_version, pages()
+
+    def _page(self, kind: str, path: str, query: dict[str, str]) -> tuple[Obj, str]:
+        resp = self._get(path, query, read_timeout=120.0, stream=False)
+        try:
+            page: Obj = orjson.loads(resp.data)
+        except orjson.JSONDecodeError as exc:
+            raise SourceError(f"GET {path}: not JSON: {exc}") from exc
+        return page, str((page.get("metadata") or {}).get("continue") or "")
+
+    @staticmethod
+    def _items(kind: str, page: Obj) -> Items:
         res = RESOURCES[kind]
-        items: list[Obj] = []
-        query = {"limit": str(PAGE_SIZE)}
-        list_rv = ""
-        while True:
-            resp = self._get(path, query, read_timeout=120.0, stream=False)
-            try:
-                page = orjson.loads(resp.data)
-            except orjson.JSONDecodeError as exc:
-                raise SourceError(f"GET {path}: not JSON: {exc}") from exc
-            meta = page.get("metadata") or {}
-            # Every page of a paged list carries the first page's snapshot version.
-            list_rv = list_rv or str(meta.get("resourceVersion") or "")
-            for item in page.get("items") or []:
-                # List items have neither kind nor apiVersion; the stored raw copy should.
-                if isinstance(item, dict):
-                    item.setdefault("kind", kind)
-                    item.setdefault("apiVersion", res.api_version)
-                items.append(item)
-            token = meta.get("continue")
-            if not token:
-                return items, list_rv
-            query = {"limit": str(PAGE_SIZE), "continue": str(token)}
+        items: Items = []
+        for item in page.get("items") or []:
+            # List items have neither kind nor apiVersion; the stored raw copy should.
+            if isinstance(item, dict):
+                item.setdefault("kind", kind)
+                item.setdefault("apiVersion", res.api_version)
+            items.append(item)
+        return items
 
     def watch(self, kind: str, resource_version: str, timeout_seconds: float | None = None) -> Iterator[Obj]:
         """Watch events after ``resource_version``, with bookmarks, until the server ends the watch."""

@@ -20,7 +20,7 @@ import queue
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -29,7 +29,7 @@ from django.db import DatabaseError, close_old_connections, connection
 
 from fleet import ingest
 from fleet.importer import ImportReport, normalize_many
-from fleet.kube.source import Forbidden, Gone, Obj, Source, SourceError, status_error
+from fleet.kube.source import Forbidden, Gone, Obj, Source, SourceError, list_pages, status_error
 from fleet.models import Cluster, WatchCursor
 from fleet.normalize import NormalizeError, is_stored, normalize, parse_resource_version
 
@@ -85,9 +85,9 @@ class Reflector:
     def relist(self) -> int:
         """List everything and replace the stored set; returns the list's resourceVersion."""
         self.set_state("listing")
-        items, list_rv = self.source.list(self.kind)
+        list_rv, pages = list_pages(self.source, self.kind)
         rv = parse_resource_version(list_rv, f"{self.kind} list")
-        stored = ingest_list(self.cluster, self.kind, items, rv)
+        stored = ingest_list(self.cluster, self.kind, pages, rv)
         log.info("%s/%s: listed %d objects at %d", self.cluster.name, self.kind, stored, rv)
         return rv
 
@@ -266,10 +266,12 @@ class Reflector:
                 stop.wait(result.delay)
 
 
-def ingest_list(cluster: Cluster, kind: str, items: Sequence[Obj], resource_version: int) -> int:
+def ingest_list(cluster: Cluster, kind: str, pages: Iterable[Sequence[Obj]], resource_version: int) -> int:
     """Normalize a list's objects and replace the stored set with them; returns how many were stored.
 
-    Objects are normalized lazily, a page at a time, as ingest consumes them: on an initial sync that
+    The list arrives in pages (the API server's ``limit``/``continue``) and goes through normalize into the
+    database page by page: ingest consumes the records lazily, so no more than a page or two of decoded
+    objects and records is alive at a time, whatever the size of the kind. On an initial sync that also
     overlaps normalizing with the database's COPY of the rows already sent.
 
     Each (cluster, kind) stream calls this from its own worker thread with its own database connection, so
@@ -282,12 +284,13 @@ def ingest_list(cluster: Cluster, kind: str, items: Sequence[Obj], resource_vers
     the objects there and the records back (the history hook and the children need them) would add to it.
     """
     report = ImportReport()
-    pages = (
-        normalize_many(kind, items[i : i + NORMALIZE_PAGE], report)
-        for i in range(0, len(items), NORMALIZE_PAGE)
+    chunks = (
+        normalize_many(kind, page[i : i + NORMALIZE_PAGE], report)
+        for page in pages
+        for i in range(0, len(page), NORMALIZE_PAGE)
     )
     with cyclic_gc_paused():
-        result = ingest.replace_all(cluster, kind, (r for page in pages for r in page), resource_version)
+        result = ingest.replace_all(cluster, kind, (r for chunk in chunks for r in chunk), resource_version)
     return len(result.written) + result.stale
 
 

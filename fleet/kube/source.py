@@ -6,7 +6,7 @@ The reflector only knows this protocol, so the simulator exercises the productio
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 Obj = dict[str, Any]
 
@@ -21,6 +21,22 @@ class Source(Protocol):
     def watch(
         self, kind: str, resource_version: str, timeout_seconds: float | None = None
     ) -> Iterator[Obj]: ...
+
+
+class PagedSource(Source, Protocol):
+    """A source that lists in pages (a real API server: ``limit`` and ``continue``)."""
+
+    def list_pages(self, kind: str) -> tuple[str, Iterator[list[Obj]]]: ...
+
+
+def list_pages(source: Source, kind: str) -> tuple[str, Iterator[list[Obj]]]:
+    """The list of ``kind`` as (its resourceVersion, its pages): the source's own pages when it has them,
+    else its whole list as one page (snapshots and test sources hold their lists anyway)."""
+    paged = getattr(source, "list_pages", None)
+    if paged is not None:
+        return cast(tuple[str, Iterator[list[Obj]]], paged(kind))
+    items, resource_version = source.list(kind)
+    return resource_version, iter([items])
 
 
 class SourceError(Exception):

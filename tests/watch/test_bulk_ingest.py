@@ -58,12 +58,12 @@ def test_a_relist_pauses_the_cyclic_collector_only_while_it_runs(monkeypatch):
     for i, obj in enumerate(objects):
         obj["metadata"]["resourceVersion"] = str(10 + i)
     assert gc.isenabled()
-    assert reflector.ingest_list(cluster, "Node", objects, 20) == 3
+    assert reflector.ingest_list(cluster, "Node", [objects], 20) == 3
     assert seen == [False] and gc.isenabled()
     assert Node.objects.filter(cluster=cluster).count() == 3
     gc.disable()
     try:  # a caller that turned it off keeps it off
-        reflector.ingest_list(cluster, "Node", objects, 21)
+        reflector.ingest_list(cluster, "Node", [objects], 21)
         assert not gc.isenabled()
     finally:
         gc.enable()

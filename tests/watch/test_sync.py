@@ -129,3 +129,29 @@ def test_the_in_cluster_service_account_is_used_and_a_bad_token_is_forbidden(con
     assert "seen-in-cluster" in [n["metadata"]["name"] for n in source.list("Node")[0]]
     with pytest.raises(KubeConfigError, match="Service host/port is not set"):
         KubeSource.in_cluster(str(good), str(control_plane.ca_file), {})
+
+
+def test_a_list_longer_than_a_page_is_read_and_stored_page_by_page(
+    control_plane, kube, transactional_db, monkeypatch
+):
+    from fleet.kube import kubesource
+    from fleet.models import ResourceSlice
+
+    monkeypatch.setenv(clusters.ENV, f"cp=kubeconfig:{control_plane.kubeconfig}")
+    names = [f"paged-{i}" for i in range(5)]
+    for name in names:
+        kube.create(make("ResourceSlice", name))
+    monkeypatch.setattr(kubesource, "PAGE_SIZE", 2)  # the API server's limit/continue over 5+ objects
+    source = KubeSource.from_kubeconfig(str(control_plane.kubeconfig))
+    version, pages = source.list_pages("ResourceSlice")
+    sizes, listed = [], []
+    for page in pages:
+        sizes.append(len(page))
+        listed += [o["metadata"]["name"] for o in page]
+    assert len(sizes) >= 3 and max(sizes) == 2 and set(names) <= set(listed)
+    assert len(listed) == len(set(listed))  # one consistent snapshot: nothing twice
+    assert int(version) > 0
+    cluster = ingest.get_or_create_cluster("cp")
+    Reflector(cluster, "ResourceSlice", source).relist()  # the stream's relist pages the same way
+    assert set(names) <= set(ResourceSlice.objects.filter(cluster=cluster).values_list("name", flat=True))
+    assert verify("cp", "ResourceSlice")[0] == 0
