@@ -542,6 +542,9 @@ class GpuState(models.Model):
     # fleet.heatmap.blocked_devices), and its MIG layout as the heatmap shows it (fleet.heatmap.layout).
     counter_blocked = models.BooleanField(default=False)
     layout = models.TextField(blank=True)
+    product_name = models.CharField(max_length=128, blank=True)  # the driver's productName attribute
+    mig_devices = models.IntegerField(default=0)  # of its devices, the MIG ones (the API's GPU rows)
+    tainted_devices = models.IntegerField(default=0)
     # Of the recompute that wrote the row: per cluster, each recompute's is above every earlier one's
     # (taken under the read-model lock), so a pool's (rows, newest revision) changes whenever it is
     # recomputed: what the live feed polls (fleet.selectors.pool_versions).

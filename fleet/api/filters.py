@@ -5,7 +5,7 @@ from __future__ import annotations
 from django_filters import rest_framework as filters
 
 from fleet.api.base import BooleanFilter, MinAgeFilter, UtcDateTimeFilter
-from fleet.models import AllocationSample, Device, Node, ResourceSlice, WatchCursor
+from fleet.models import AllocationSample, Device, GpuState, Node, ResourceSlice, WatchCursor
 
 
 class ClusterFilter(filters.FilterSet):
@@ -81,7 +81,7 @@ class GpuFilter(filters.FilterSet):
     )
 
     class Meta:
-        model = Device
+        model = GpuState
         fields: list[str] = []
 
     def filter_profile(self, queryset, name, value):  # type: ignore[no-untyped-def]

@@ -13,7 +13,6 @@ from typing import Any
 
 from django.db.models import (
     BooleanField,
-    Count,
     ExpressionWrapper,
     F,
     Max,
@@ -25,7 +24,7 @@ from django.db.models import (
 )
 
 from fleet import counts, readmodel
-from fleet.models import Cluster, Device, DeviceAllocation, ResourceClaim, ResourceSlice
+from fleet.models import Cluster, Device, DeviceAllocation, GpuState, ResourceClaim, ResourceSlice
 from fleet.normalize import FULL_GPU_SLICES
 
 log = logging.getLogger(__name__)
@@ -93,22 +92,17 @@ def claim_names(cluster_uids: set[tuple[int, str]]) -> dict[tuple[int, str], str
 
 
 def gpus() -> QuerySet[Any]:
-    """One row per physical GPU (cluster, gpu uuid): its model, node and device counts. What is allocated
-    is added per page by :func:`attach_mig_devices` (an allocation lookup per device of the whole fleet
-    would make the aggregate several times slower)."""
-    return (
-        Device.objects.filter(kind__in=("gpu", "mig"))
-        .exclude(gpu_uuid="")
-        .exclude(stale_slices())
-        .values("cluster_id", "gpu_uuid")
-        .annotate(
-            gpu_model=Max("model"),
-            gpu_product=Max("product_name"),
-            gpu_node=Max("node_name"),
-            gpu_index=Max("gpu_minor"),
-            mig_devices=Count("id", filter=Q(kind="mig")),
-            tainted_devices=Count("id", filter=Q(tainted=True)),
-        )
+    """One row per physical GPU (cluster, gpu uuid): its model, node and device counts, from the per-GPU
+    read model (plain indexed rows). What is allocated is added per page by :func:`attach_mig_devices`."""
+    return GpuState.objects.values(
+        "cluster_id",
+        "gpu_uuid",
+        "mig_devices",
+        "tainted_devices",
+        gpu_model=F("model"),
+        gpu_product=F("product_name"),
+        gpu_node=F("node_name"),
+        gpu_index=F("gpu_minor"),
     )
 
 

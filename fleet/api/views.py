@@ -21,7 +21,16 @@ from fleet.api import selectors as api_selectors
 from fleet.api import serializers as rows
 from fleet.api.base import StrictContentNegotiation, ValuesListViewSet, ValuesViewSet, reject_empty
 from fleet.filters import PARAMETERS, STATES, FilterError, parse_filters
-from fleet.models import AllocationSample, Cluster, Device, DeviceClass, Node, WatchCursor, stream_status
+from fleet.models import (
+    AllocationSample,
+    Cluster,
+    Device,
+    DeviceClass,
+    GpuState,
+    Node,
+    WatchCursor,
+    stream_status,
+)
 from web.renderers import ORJSONRenderer
 
 # The FleetFilter rules (fleet/filters.py) as schema patterns, so clients (and fuzzers) know them.
@@ -175,7 +184,7 @@ class GpuViewSet(ValuesListViewSet):
 
     def get_queryset(self) -> QuerySet[Any]:
         if getattr(self, "swagger_fake_view", False):  # schema generation: no database queries
-            return Device.objects.none()
+            return GpuState.objects.none()
         return api_selectors.gpus()
 
     def values(self, queryset: QuerySet[Any]) -> QuerySet[Any]:

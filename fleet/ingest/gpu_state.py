@@ -29,7 +29,7 @@ from fleet.models import Device, DeviceGroupState, GpuState, ResourceSlice
 from fleet.normalize import FULL_GPU_SLICES
 from fleet.selectors import CounterSets, DeviceKey, Holder
 
-DEVICE_FIELDS = (*selectors.SUMMARY_FIELDS, "node_name", "gpu_minor", "taints")
+DEVICE_FIELDS = (*selectors.SUMMARY_FIELDS, "node_name", "gpu_minor", "taints", "product_name")
 READ_MODEL = (GpuState, DeviceGroupState)
 
 
@@ -116,6 +116,9 @@ def _gpu_row(
         "holders": names,
         "claims": len(names),
         "counter_blocked": any(_key(d) in shown_blocked for d in devices),
+        "product_name": max((d["product_name"] for d in devices), default=""),
+        "mig_devices": sum(d["kind"] == "mig" for d in devices),
+        "tainted_devices": sum(bool(d["tainted"]) for d in devices),
         "layout": heatmap.layout(
             [
                 (d["compute_slices"], d["mig_profile"], _key(d) in holders)

@@ -1,4 +1,5 @@
-"""The read model's revision (what the live feed polls), then the read model filled from what is stored.
+"""The read model's revision (what the live feed polls) and the columns of the API's GPU rows, then the read
+model filled from what is stored.
 
 The fill runs here, not where the tables are created (0007), because it writes rows with the code's own
 rules and columns (fleet.ingest.gpu_state, the only writer), which include the revision."""
@@ -31,6 +32,21 @@ class Migration(migrations.Migration):
             model_name="gpustate",
             name="revision",
             field=models.BigIntegerField(default=0),
+        ),
+        migrations.AddField(
+            model_name="gpustate",
+            name="product_name",
+            field=models.CharField(blank=True, max_length=128),
+        ),
+        migrations.AddField(
+            model_name="gpustate",
+            name="mig_devices",
+            field=models.IntegerField(default=0),
+        ),
+        migrations.AddField(
+            model_name="gpustate",
+            name="tainted_devices",
+            field=models.IntegerField(default=0),
         ),
         migrations.AddIndex(
             model_name="gpustate",

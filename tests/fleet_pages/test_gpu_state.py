@@ -122,7 +122,7 @@ def counter_device(name: str, kind: str, slices: int, memory: int, profile: str 
         "cluster_id": 1, "driver": "gpu.nvidia.com", "pool": "node-a", "name": name, "model": "B200",
         "kind": kind, "mig_profile": profile, "memory_bytes": 10 * memory, "tainted": False,
         "gpu_uuid": "GPU-0", "compute_slices": slices, "pool_generation": 1, "node_name": "node-a",
-        "gpu_minor": 0, "taints": [],
+        "gpu_minor": 0, "taints": [], "product_name": "NVIDIA B200",
         "counters_consumed": [{"counterSet": "gpu-0", "counters": {"memory": {"value": str(memory)}}}],
     }  # fmt: skip
 
