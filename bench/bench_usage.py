@@ -4,6 +4,9 @@ Prometheus scraping the dcgm-exporter stand-in.
     DATABASE_URL=postgres://.../scratch REDIS_URL=redis://.../N SECRET_KEY=... SECURE_COOKIES=0 \\
         .venv/bin/python bench/bench_usage.py [--reuse] [--rounds N] [--compare CHECKOUT]
 
+``BENCH_USAGE_PROFILE=/tmp/round`` also writes a cProfile of each round (``/tmp/round.0``: devices read,
+``/tmp/round.1``: devices kept; the last step's), for ``python -m pstats``.
+
 Targets (issue 19): one sampling round (query + join + write) within 2 s of worker time and 300 MB; the
 heatmap's utilization data as fast as its allocation data (warm); the idle report over 7 days within 1 s.
 Prometheus's own query time is printed beside ours. Baselines of the same run: the round's Prometheus
@@ -20,6 +23,7 @@ same Prometheus and database at the same load: before and after in one run.
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
 import os
 import resource
@@ -184,9 +188,16 @@ def one_round(url: str) -> None:
         if n:
             _reset_high_water()
         before = _high_water_mb()
+        profile = cProfile.Profile() if os.environ.get("BENCH_USAGE_PROFILE") else None
         cpu0, t0 = time.process_time(), time.perf_counter()
+        if profile is not None:
+            profile.enable()
         report = sample_cluster(cluster, source, at + timedelta(minutes=n), thresholds())
         wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+        if profile is not None:
+            # Where a round's CPU goes, one file per round: BENCH_USAGE_PROFILE=/tmp/p writes /tmp/p.0, /tmp/p.1
+            profile.disable()
+            profile.dump_stats(f"{os.environ['BENCH_USAGE_PROFILE']}.{n}")
         out.append(
             {
                 "ok": report.ok,
