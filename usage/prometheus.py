@@ -164,16 +164,20 @@ class PrometheusSource:
             raise PrometheusUnavailable(f"{url}: HTTP {response.status_code}: {why}")
         return body["data"]
 
-    def entities(self) -> EntityRead:
+    def entities(
+        self, matchers: str = "", metrics: Sequence[str] = METRICS, shards: Sequence[str] = SHARDS
+    ) -> EntityRead:
         """Every entity's values: one query per metric and shard, each answer turned into entities and
-        dropped before the next is read (a round's peak memory is one part of one metric's answer)."""
+        dropped before the next is read (a round's peak memory is one part of one metric's answer).
+        ``matchers``: PromQL label matchers added to the configured ones (a chart's few GPUs)."""
         grouped: dict[str, Entity] = {}
         seen: dict[str, str] = {}
         series = 0
         took = 0.0
-        for metric, shard in ((m, part) for m in METRICS for part in SHARDS):
+        both = ",".join(m for m in (self.config.matchers(), matchers) if m)
+        for metric, shard in ((m, part) for m in metrics for part in shards):
             started = time.monotonic()
-            query = entity_query(metric, self.config.matchers(), shard)
+            query = entity_query(metric, both, shard)
             data = self._get("/api/v1/query", {"query": query})
             took += time.monotonic() - started
             if data.get("resultType") != "vector":
