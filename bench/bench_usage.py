@@ -195,7 +195,7 @@ def one_round(url: str) -> None:
         report = sample_cluster(cluster, source, at + timedelta(minutes=n), thresholds())
         wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
         if profile is not None:
-            # Where a round's CPU goes, one file per round: BENCH_USAGE_PROFILE=/tmp/p writes /tmp/p.0, /tmp/p.1
+            # Where the CPU goes, a file per round: BENCH_USAGE_PROFILE=/tmp/p writes /tmp/p.0, /tmp/p.1
             profile.disable()
             profile.dump_stats(f"{os.environ['BENCH_USAGE_PROFILE']}.{n}")
         out.append(
@@ -218,8 +218,6 @@ def one_round(url: str) -> None:
 def floor(url: str) -> None:
     """--floor: only the round's Prometheus queries, read and decoded (no join, no database), in this
     (fresh) process; prints seconds and peak RSS like --round."""
-    import orjson
-
     from usage.config import PrometheusConfig
     from usage.prometheus import METRICS, SHARDS, PrometheusSource, entity_query
 
@@ -228,10 +226,8 @@ def floor(url: str) -> None:
     cpu0, t0 = time.process_time(), time.perf_counter()
     rows = 0
     for metric, shard in ((m, part) for m in METRICS for part in SHARDS):
-        response = source.session.get(
-            f"{url}/api/v1/query", params={"query": entity_query(metric, shard=shard)}, timeout=60
-        )
-        rows += len(orjson.loads(response.content)["data"]["result"])
+        # Through the source's own request (its headers, orjson): what a round reads, nothing else.
+        rows += len(source._get("/api/v1/query", {"query": entity_query(metric, shard=shard)})["result"])
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     print(
         json.dumps(
