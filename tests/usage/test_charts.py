@@ -92,6 +92,10 @@ def test_a_chart_says_when_prometheus_is_down_or_not_configured(cluster, setting
     body = signed_in.get(GPU).json()
     assert body["unavailable"].startswith("utilization unavailable since") and dead in body["unavailable"]
     assert body["activity"] == []
+    # A claim's chart asks Prometheus for its GPUs' entities first: that failing says the same.
+    dynamic = _claim(cluster, "chat-2g-00")
+    body = signed_in.get(f"/usage/series.json?cluster={CLUSTER}&namespace=inference&claim={dynamic}").json()
+    assert body["unavailable"].startswith("utilization unavailable since") and dead in body["unavailable"]
 
 
 def test_a_claim_chart_of_a_foreign_namespace_is_a_404(cluster, settings, client, db):
