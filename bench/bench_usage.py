@@ -4,6 +4,9 @@ Prometheus scraping the dcgm-exporter stand-in.
     DATABASE_URL=postgres://.../scratch REDIS_URL=redis://.../N SECRET_KEY=... SECURE_COOKIES=0 \\
         .venv/bin/python bench/bench_usage.py [--reuse] [--rounds N] [--compare CHECKOUT]
 
+``BENCH_USAGE_PROFILE=/tmp/round`` also writes a cProfile of each round (``/tmp/round.0``: devices read,
+``/tmp/round.1``: devices kept; the last step's), for ``python -m pstats``.
+
 Targets (issue 19): one sampling round (query + join + write) within 2 s of worker time and 300 MB; the
 heatmap's utilization data as fast as its allocation data (warm); the idle report over 7 days within 1 s.
 Prometheus's own query time is printed beside ours. Baselines of the same run: the round's Prometheus
@@ -20,6 +23,7 @@ same Prometheus and database at the same load: before and after in one run.
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
 import os
 import resource
@@ -184,9 +188,16 @@ def one_round(url: str) -> None:
         if n:
             _reset_high_water()
         before = _high_water_mb()
+        profile = cProfile.Profile() if os.environ.get("BENCH_USAGE_PROFILE") else None
         cpu0, t0 = time.process_time(), time.perf_counter()
+        if profile is not None:
+            profile.enable()
         report = sample_cluster(cluster, source, at + timedelta(minutes=n), thresholds())
         wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+        if profile is not None:
+            # Where the CPU goes, a file per round: BENCH_USAGE_PROFILE=/tmp/p writes /tmp/p.0, /tmp/p.1
+            profile.disable()
+            profile.dump_stats(f"{os.environ['BENCH_USAGE_PROFILE']}.{n}")
         out.append(
             {
                 "ok": report.ok,
@@ -207,8 +218,6 @@ def one_round(url: str) -> None:
 def floor(url: str) -> None:
     """--floor: only the round's Prometheus queries, read and decoded (no join, no database), in this
     (fresh) process; prints seconds and peak RSS like --round."""
-    import orjson
-
     from usage.config import PrometheusConfig
     from usage.prometheus import METRICS, SHARDS, PrometheusSource, entity_query
 
@@ -217,10 +226,8 @@ def floor(url: str) -> None:
     cpu0, t0 = time.process_time(), time.perf_counter()
     rows = 0
     for metric, shard in ((m, part) for m in METRICS for part in SHARDS):
-        response = source.session.get(
-            f"{url}/api/v1/query", params={"query": entity_query(metric, shard=shard)}, timeout=60
-        )
-        rows += len(orjson.loads(response.content)["data"]["result"])
+        # Through the source's own request (its headers, orjson): what a round reads, nothing else.
+        rows += len(source._get("/api/v1/query", {"query": entity_query(metric, shard=shard)})["result"])
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     print(
         json.dumps(

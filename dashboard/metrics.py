@@ -20,7 +20,7 @@ from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from claims.models import ClaimDiagnosis
@@ -36,7 +36,8 @@ def _age(now: datetime, then: datetime | None) -> float:
 
 
 class ClaimscopeCollector:
-    """Gauges of the fleet, the pending claims, the watch streams, the diagnoses and the utilization."""
+    """Gauges of the fleet, the pending claims, the watch streams (and their relist counter), the diagnoses
+    and the utilization."""
 
     def collect(self) -> Iterator[Metric]:
         now = timezone.now()
@@ -101,12 +102,20 @@ class ClaimscopeCollector:
             "1 for the state each watch stream is in (listing: relisting)",
             labels=["cluster", "kind", "state"],
         )
+        relists = CounterMetricFamily(
+            "claimscope_watch_relists",
+            "Lists that replaced a watch stream's position (after a 410 Gone, an interrupted list, a server "
+            "that went back in time); the first list is not one. Kept in the database: survives restarts",
+            labels=["cluster", "kind"],
+        )
         for c in WatchCursor.objects.order_by("cluster_id", "kind"):
             cluster = clusters.get(c.cluster_id, "")
             lag.add_metric([cluster, c.kind], _age(now, c.last_event_at or c.updated_at))
             healthy.add_metric([cluster, c.kind, c.state], 1)
+            relists.add_metric([cluster, c.kind], c.relists)
         yield lag
         yield healthy
+        yield relists
 
     def _utilization(self, now: datetime, clusters: dict[int, str]) -> Iterator[Metric]:
         idle = GaugeMetricFamily(

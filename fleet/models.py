@@ -178,6 +178,9 @@ class WatchCursor(models.Model):
     resource_version = models.DecimalField(max_digits=RESOURCE_VERSION_DIGITS, decimal_places=0, default=0)
     state = models.CharField(max_length=16, choices=STATES, default="idle")
     object_count = models.IntegerField(default=0)
+    # Lists that replaced a position the stream already had (after a 410 Gone, an interrupted list, a
+    # server that went back in time), counted with the list's transaction; the first list is not one.
+    relists = models.PositiveBigIntegerField(default=0)
     last_event_at = models.DateTimeField(null=True)
     last_error = models.TextField(blank=True)
     last_error_at = models.DateTimeField(null=True)

@@ -139,10 +139,14 @@ class TrendWindow(s.Serializer):
     cluster = s.CharField(allow_null=True)
     group = s.ChoiceField(choices=list(GROUPS))
     resolution = s.ChoiceField(choices=["minute", "hour"])
+    gap_seconds = s.IntegerField(
+        help_text="Two points of a group further apart than this have a gap between them (missed rounds)"
+    )
 
 
 class TrendReport(s.Serializer):
     window = TrendWindow()
+    unavailable_since = s.DateTimeField(allow_null=True, help_text="Set while Prometheus does not answer")
     truncated = s.BooleanField(help_text="More than 50,000 points: narrow the window")
     points = TrendPoint(many=True)
 

@@ -124,6 +124,7 @@ def record_round(
     Django's ``bulk_create`` spent seconds preparing fields one by one, and the text COPY of dicts still
     most of a second."""
     info = {d.ref: d for d in devices}
+    cluster_id = cluster.pk  # once: a model's pk is a property, read for each of 86,000 rows at L
     with transaction.atomic():
         # Every holding of the claims held now, however long ago it was last seen (a Prometheus outage
         # must not restart a holding's accounting).
@@ -139,7 +140,7 @@ def record_round(
             if ref in held:
                 continue
             # Nobody holds it: its values only (the columns follow ``Measured``'s order).
-            rows.append((cluster.pk, *ref, *m[1:], "", "", at, None))
+            rows.append((cluster_id, *ref, *m[1:], "", "", at, None))
             if len(rows) >= WRITE_CHUNK:  # written as they come: a round's rows never all in memory
                 _write(DeviceUsage, _DEVICE_USAGE, rows)
                 rows = []
@@ -150,7 +151,7 @@ def record_round(
             starts: list[datetime | None] = []
             for namespace, claim in owners:
                 h = previous.get((namespace, claim, *ref))
-                holding = account(cluster.pk, at, ref, d, namespace, claim, active, h, limits)
+                holding = account(cluster_id, at, ref, d, namespace, claim, active, h, limits)
                 holdings.append(holding)
                 starts.append(holding["idle_since"])
                 if d is not None:
@@ -169,10 +170,10 @@ def record_round(
             if idle_since is not None:
                 idle[ref] = idle_since
             if value is not None:
-                rows.append((cluster.pk, *ref, *value[1:], namespace, claim, at, idle_since))
+                rows.append((cluster_id, *ref, *value[1:], namespace, claim, at, idle_since))
             else:  # held, no value this round: a gap
                 gap = ("", d.gpu_uuid if d else "", "", None, None, None, None)
-                rows.append((cluster.pk, *ref, *gap, namespace, claim, at, idle_since))
+                rows.append((cluster_id, *ref, *gap, namespace, claim, at, idle_since))
             if len(rows) >= WRITE_CHUNK:
                 _write(DeviceUsage, _DEVICE_USAGE, rows)
                 rows = []

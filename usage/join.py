@@ -139,7 +139,11 @@ def join(
     result = JoinResult()
     index = devices if isinstance(devices, DeviceIndex) else DeviceIndex.of(devices)
     by_ref, by_uuid, migs = index.by_ref, index.by_uuid, index.migs
-    later: list[Entity] = []
+    # Entities without DRA labels, matched after every DRA-labelled one has claimed its device: MIG
+    # instances (whose order decides which free instance takes which free device) and whole GPUs (matched
+    # by UUID alone: no order to keep but their own).
+    instances: list[Entity] = []
+    whole: list[Entity] = []
 
     def miss(reason: str, entity: Entity) -> None:
         result.unmatched[reason] += 1
@@ -172,35 +176,33 @@ def join(
                 hit(e, found.ref, "mig-uuid")
             else:
                 miss("MIG UUID not in the fleet", e)
+        elif get("GPU_I_ID"):
+            instances.append(e)
         else:
-            later.append(e)  # after every DRA-labelled entity has claimed its device
+            whole.append(e)
     result.entities = count
-    later.sort(key=lambda e: (e.labels.get("UUID", ""), e.labels.get("GPU_I_ID", "").zfill(4)))
-    for e in later:
+    instances.sort(key=lambda e: (e.labels.get("UUID", ""), e.labels["GPU_I_ID"].zfill(4)))
+    no_devices: list[DeviceInfo] = []
+    for e in instances:
         labels = e.labels
-        uuid = labels.get("UUID", "").lower()
-        if labels.get("GPU_I_ID"):
-            candidates = [
-                d
-                for d in migs.get((uuid, labels.get("GPU_I_PROFILE", "")), [])
-                if d.ref not in result.measured
-            ]
-            if not candidates:
-                miss("MIG instance of an unknown GPU or profile", e)
-                continue
+        free = migs.get((labels.get("UUID", "").lower(), labels.get("GPU_I_PROFILE", "")), no_devices)
+        candidates = [d for d in free if d.ref not in measured]
+        if not candidates:
+            miss("MIG instance of an unknown GPU or profile", e)
+        elif len(candidates) == 1:
+            hit(e, candidates[0].ref, "mig-profile")
+        else:
             held_ones = [d for d in candidates if d.ref in held]
-            if len(candidates) == 1:
-                hit(e, candidates[0].ref, "mig-profile")
-            elif len(held_ones) == 1:
+            if len(held_ones) == 1:
                 hit(e, held_ones[0].ref, "mig-profile")
             elif not held_ones:
-                hit(e, sorted(d.ref for d in candidates)[0], "mig-free")
+                hit(e, min(d.ref for d in candidates), "mig-free")
             else:
                 miss("MIG instance without DRA labels, several held", e)
+    for e in whole:
+        found = by_uuid.get(e.labels.get("UUID", "").lower())
+        if found is not None and found.kind == "gpu":
+            hit(e, found.ref, "uuid")
         else:
-            found = by_uuid.get(uuid)
-            if found is not None and found.kind == "gpu":
-                hit(e, found.ref, "uuid")
-            else:
-                miss("GPU UUID not in the fleet", e)
+            miss("GPU UUID not in the fleet", e)
     return result

@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -14,10 +14,19 @@ from typing import Any
 from django.db.models import Max
 
 from fleet import selectors
-from fleet.models import Cluster, Device, ResourceSlice
+from fleet.models import Cluster, Device, DeviceAllocation, ResourceSlice
 from usage import ingest
 from usage.join import DeviceIndex, DeviceInfo, DeviceRef, entities, join
-from usage.prometheus import EntityRead, EntitySource, PrometheusUnavailable, SeriesSource
+from usage.prometheus import (
+    ENGINE_ACTIVE,
+    FB_USED,
+    GPU_UTIL,
+    EntityRead,
+    EntitySource,
+    PrometheusSource,
+    PrometheusUnavailable,
+    SeriesSource,
+)
 
 log = logging.getLogger(__name__)
 
@@ -67,11 +76,12 @@ _DEVICE_COLUMNS = (
 )  # fmt: skip
 
 
-def _read_device_infos(cluster_id: int) -> list[DeviceInfo]:
+def _read_device_infos(cluster_id: int, gpu_uuids: Collection[str] | None = None) -> list[DeviceInfo]:
     """The devices of each pool's newest generation (the rule of ``fleet.selectors.current_devices``:
     older generations are being replaced; a pool without slices keeps its devices), reading only the
     columns the join needs, as tuples: the heatmap's selector read three times as much (counters, taints,
-    memory) as dicts, and its rows were most of a round's transient memory."""
+    memory) as dicts, and its rows were most of a round's transient memory. ``gpu_uuids``: only the
+    devices of these physical GPUs (whole, or their MIG devices)."""
     generations = (
         ResourceSlice.objects.filter(cluster_id=cluster_id)
         .values_list("driver", "pool")
@@ -79,7 +89,10 @@ def _read_device_infos(cluster_id: int) -> list[DeviceInfo]:
         .order_by()
     )
     newest = {(driver, pool): generation for driver, pool, generation in generations}
-    rows = Device.objects.filter(cluster_id=cluster_id, kind__in=("gpu", "mig")).values_list(*_DEVICE_COLUMNS)
+    devices = Device.objects.filter(cluster_id=cluster_id, kind__in=("gpu", "mig"))
+    if gpu_uuids is not None:
+        devices = devices.filter(gpu_uuid__in=list(gpu_uuids))
+    rows = devices.values_list(*_DEVICE_COLUMNS)
     out: list[DeviceInfo] = []
     append = out.append
     # One string per distinct value (driver, pools, nodes, models, profiles, a MIG device's parent GPU)
@@ -107,12 +120,52 @@ def _read_device_infos(cluster_id: int) -> list[DeviceInfo]:
     return out
 
 
-def holdings(cluster_id: int) -> dict[DeviceRef, list[tuple[str, str]]]:
-    """Who holds each device: (namespace, claim) per device, by the fleet's allocation rule."""
+def holdings(cluster_id: int, pools: Collection[str] | None = None) -> dict[DeviceRef, list[tuple[str, str]]]:
+    """Who holds each device (of these ``pools``, default all): (namespace, claim) per device, by the
+    fleet's allocation rule."""
     return {
         (driver, pool, device): [(h.namespace, h.name) for h in holders]
-        for (_, driver, pool, device), holders in selectors.allocation_holders([cluster_id]).items()
+        for (_, driver, pool, device), holders in selectors.allocation_holders([cluster_id], pools).items()
     }
+
+
+# Enough to know every entity an exporter reports: GPUs report activity (one of the two) and memory, MIG
+# instances activity and memory.
+_NAMING_METRICS = (ENGINE_ACTIVE, GPU_UTIL, FB_USED)
+
+
+def claim_instances(
+    cluster_id: int, namespace: str, claim: str, source: PrometheusSource
+) -> list[tuple[str, str]]:
+    """(GPU UUID, GPU_I_ID) of each exporter entity that is one of the claim's devices now (``GPU_I_ID``
+    empty for a whole GPU), joined as a round joins them (:func:`usage.join.join`) over the physical GPUs
+    the claim holds all or part of: the same devices, holders and entities of those GPUs give the same
+    matches. Dynamic-MIG series carry no DRA labels, so a claim's charts find them only this way."""
+    refs = set(
+        DeviceAllocation.objects.filter(
+            cluster_id=cluster_id, claim__namespace=namespace, claim__name=claim, admin_access=False
+        ).values_list("driver", "pool", "device_name")
+    )
+    if not refs:
+        return []
+    pools = {pool for _, pool, _ in refs}
+    gpus = {
+        gpu
+        for driver, pool, name, gpu in Device.objects.filter(
+            cluster_id=cluster_id, pool__in=pools, name__in={name for _, _, name in refs}
+        ).values_list("driver", "pool", "name", "gpu_uuid")
+        if (driver, pool, name) in refs and gpu
+    }
+    # UUIDs are hex and dashes: anything else is left out rather than put into a regular expression.
+    safe = sorted(u for u in gpus if all(c.isalnum() or c == "-" for c in u))
+    if not safe:
+        return []
+    index = DeviceIndex.of(_read_device_infos(cluster_id, safe))
+    held = {ref: owners for ref, owners in holdings(cluster_id, pools).items() if ref in index.by_ref}
+    # Case-insensitive: the join compares UUIDs so (NVML's and the DRA driver's spellings differ).
+    answer = source.entities(f'UUID=~"(?i){"|".join(safe)}"', _NAMING_METRICS, ("",))
+    matched = join(answer.entities, index, held).measured
+    return sorted((m.gpu_uuid, m.instance_id) for ref, m in matched.items() if ref in refs)
 
 
 def read(source: SeriesSource | EntitySource) -> EntityRead:

@@ -2,6 +2,8 @@
 
 Points come from ``UsageTrend`` (written each round): per minute for the last 7 days, hourly beyond. A
 point's ``utilization_percent`` is active / measured GPUs (gaps excluded), null when nothing was measured.
+Rounds that did not happen (Prometheus down, no worker) leave no point: two points of a group further apart
+than ``window.gap_seconds`` have a gap between them, which the chart draws as a gap.
 """
 
 from __future__ import annotations
@@ -9,9 +11,11 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db.models import Sum
 from django.utils import timezone
 
+from fleet.models import Cluster
 from usage import selectors
 from usage.report import WindowError, window
 
@@ -37,6 +41,12 @@ def trend_rows(
     if cluster:
         rows = rows.filter(cluster__name=cluster)
     resolution = "minute" if end - start <= timedelta(days=7) else "hour"
+    # A point a round (minute points: the round's minute), an hour's average: more than two steps apart
+    # means rounds were missed.
+    step = max(settings.CLAIMSCOPE_USAGE_INTERVAL, 60) if resolution == "minute" else 3600
+    cluster_ids = None
+    if cluster:
+        cluster_ids = list(Cluster.objects.filter(name=cluster).values_list("pk", flat=True))
     summed = (
         rows.values("time", "cluster__name", *fields)
         .annotate(
@@ -58,7 +68,9 @@ def trend_rows(
             "cluster": cluster or None,
             "group": chosen,
             "resolution": resolution,
+            "gap_seconds": 2 * step,
         },
+        "unavailable_since": selectors.unavailable_since(cluster_ids),
         "truncated": truncated,
         "points": points[:MAX_POINTS],
     }

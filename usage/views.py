@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from fleet.access.visibility import visibility_for
 from fleet.models import Cluster, Device
-from usage import cells, charts, selectors
+from usage import cells, charts, sampler, selectors
 from usage.models import SamplingState
 from usage.prometheus import PrometheusSource, PrometheusUnavailable
 from usage.report import WindowError, idle_report
@@ -83,12 +83,12 @@ def series_json(request: HttpRequest) -> HttpResponse:
     cluster = Cluster.objects.filter(name=params["cluster"]).first()
     if cluster is None:
         raise Http404("no such cluster")
+    source = PrometheusSource(config)
+    selector: str | list[str]
     if params["claim"]:
         if not visibility_for(request.user).allows(cluster.name, params["namespace"]):
             raise Http404("no such claim")
-        selector = charts.matchers(
-            config, {"dra_claim_namespace": params["namespace"], "dra_claim_name": params["claim"]}
-        )
+        selector = []  # found with Prometheus's answer, below
     elif params["node"]:
         devices = Device.objects.filter(cluster=cluster, node_name=params["node"])
         if params["index"]:
@@ -101,7 +101,10 @@ def series_json(request: HttpRequest) -> HttpResponse:
             "name a node (node, index) or a claim (namespace, claim)", content_type="text/plain"
         )
     try:
-        traces = charts.traces(PrometheusSource(config), selector, timezone.now())
+        if params["claim"]:
+            instances = sampler.claim_instances(cluster.pk, params["namespace"], params["claim"], source)
+            selector = charts.claim_matchers(config, params["namespace"], params["claim"], instances)
+        traces = charts.traces(source, selector, timezone.now())
     except PrometheusUnavailable as exc:
         state = SamplingState.objects.filter(cluster=cluster).first()
         since = state.unavailable_since if state and state.unavailable_since else timezone.now()

@@ -30,6 +30,7 @@ class StreamRow(s.Serializer):
         help_text="The state now: stale when no worker has reported within the lease, else state",
     )
     object_count = s.IntegerField()
+    relists = s.IntegerField(help_text="Lists that replaced the stream position (the first list is not one)")
     last_event_at = s.DateTimeField(allow_null=True)
     last_error = s.CharField(allow_blank=True)
     last_error_at = s.DateTimeField(allow_null=True)

@@ -68,7 +68,7 @@ class StreamViewSet(ValuesViewSet):
     filterset_class = api_filters.StreamFilter
     fields = (
         "id", "cluster__name", "kind", "resource_version", "state", "object_count",
-        "last_event_at", "last_error", "last_error_at", "updated_at", "lease_until",
+        "relists", "last_event_at", "last_error", "last_error_at", "updated_at", "lease_until",
     )  # fmt: skip
     renames = CLUSTER
     ordering_fields = ("id", "kind", "state")

@@ -95,6 +95,8 @@ def replace_all(
         stored = WatchCursor.objects.filter(cluster=cluster, kind=kind).values_list(
             "resource_version", flat=True
         )
+        # A list that replaces a position the stream had is a relist (the first list is not).
+        relisted = bool(stored) and int(stored[0]) > 0
         if stored and int(stored[0]) > list_resource_version:
             # The server went back in time (etcd restored, cluster rebuilt under the same name): our
             # rows may carry versions the server will never reach again, so the fence cannot apply.
@@ -158,7 +160,12 @@ def replace_all(
         if result.changed and pooled:
             refreshed = gpu_state.update(cluster.pk, None if everything else {p for _, p in touched})
         if cursor:
-            cursors.save_cursor(cluster, kind, CursorUpdate(list_resource_version, "watching", objects=count))
+            cursors.save_cursor(
+                cluster,
+                kind,
+                CursorUpdate(list_resource_version, "watching", objects=count),
+                relisted=relisted,
+            )
         events.publish_on_commit(cluster, result)
     if grown and refreshed:
         statistics.analyze(gpu_state.READ_MODEL)

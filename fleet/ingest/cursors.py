@@ -19,21 +19,26 @@ from fleet.ingest.specs import CursorUpdate
 from fleet.models import Cluster, WatchCursor
 
 
-def save_cursor(cluster: Cluster, kind: str, cursor: CursorUpdate, forward_only: bool = False) -> None:
+def save_cursor(
+    cluster: Cluster, kind: str, cursor: CursorUpdate, forward_only: bool = False, relisted: bool = False
+) -> None:
     """Save the stream's position. ``forward_only`` (watch batches): never move the cursor back. Two
     writers overlap when a worker was frozen or cut off longer than the lock's TTL and another took the
     stream over; the late one's batch must not make the next round resume from an older version (the
-    rows have their own fence). A relist sets the position as listed: after a 410 the history may be new."""
+    rows have their own fence). A relist sets the position as listed: after a 410 the history may be new.
+    ``relisted``: the list replaced a position the stream had, counted in ``relists`` (``/metrics``)."""
     rv = Decimal(cursor.resource_version)
     defaults: dict[str, Any] = {"state": cursor.state, "last_event_at": timezone.now()}
     if cursor.objects is not None:
         defaults["object_count"] = cursor.objects
+    if relisted:
+        defaults["relists"] = F("relists") + 1
     position = Greatest(F("resource_version"), Value(rv, output_field=models.DecimalField()))
     WatchCursor.objects.update_or_create(
         cluster=cluster,
         kind=kind,
         defaults={**defaults, "resource_version": position if forward_only else rv},
-        create_defaults={**defaults, "resource_version": rv},
+        create_defaults={**defaults, "resource_version": rv, "relists": 1 if relisted else 0},
     )
 
 

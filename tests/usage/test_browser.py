@@ -13,6 +13,7 @@ from fleet.access.visibility import grant_all_namespaces
 from simulator import dcgm
 from tests.browser.conftest import screenshot
 from tests.fleet_pages.server import asgi_server
+from usage import ingest
 from usage.ingest import Thresholds
 from usage.sampler import sample_cluster
 
@@ -136,4 +137,27 @@ def test_the_triage_report_says_which_claims_held_gpus_idle(sampled, server, pag
     assert sentences[0].startswith("3 B200 idle for ")
     assert " h held by ml-train/notebook-x" in sentences[0]
     assert page.locator("#idle-waste-triage tbody tr").first.text_content().startswith("ml-trainB200")
+    assert not page.console_errors
+
+
+def test_the_trends_page_draws_missed_rounds_as_a_gap_and_says_since_when(
+    cluster, sim, settings, server, page
+):
+    settings.CLAIMSCOPE_USAGE_INTERVAL = 60
+    user = get_user_model().objects.create_user("alice", password=PASSWORD)
+    grant_all_namespaces(user)
+    source = dcgm.InProcessSource(lambda: dcgm.cluster_series(sim.cluster, dcgm.now()))
+    start = timezone.now().replace(second=0, microsecond=0) - timedelta(minutes=30)
+    for minute in (0, 1, 2, 10, 11):  # Prometheus did not answer from minute 3 to 9
+        assert sample_cluster(cluster, source, start + timedelta(minutes=minute), LIMITS).ok
+    ingest.record_failure(cluster, start + timedelta(minutes=12), "http://prometheus: ConnectionError")
+    log_in(page, server)
+    page.goto(f"{server}/usage/trends/?since=2h")
+    page.wait_for_selector("#trends-chart[data-state=plotted]")
+    assert page.text_content("#unavailable").startswith("Utilization unavailable since")
+    traces = page.evaluate("document.getElementById('trends-chart').data.map(t => [t.name, t.y])")
+    allocated = [y for name, y in traces if name.endswith(" allocated")]
+    assert allocated and all(len(y) == 6 for y in allocated)
+    assert all(y[3] is None and None not in y[:3] + y[4:] for y in allocated)  # the gap, only there
+    assert all(y[3] is None for name, y in traces if name.endswith(" active"))
     assert not page.console_errors

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from django.contrib.auth import get_user_model
 from django.db import connections
+from django.test import Client
 
 from fleet.access.visibility import grant_all_namespaces
 from tests.fleet_pages.server import asgi_server
@@ -50,10 +51,37 @@ def test_a_gpu_chart_has_its_activity_and_memory_with_gaps_as_none(cluster, scra
     assert len(claim.json()["activity"]) == 3  # its three B200s, found by the DRA labels
 
 
-def _notebook(cluster) -> str:
+def _claim(cluster, prefix: str) -> str:
     from fleet.models import ResourceClaim
 
-    return ResourceClaim.objects.get(cluster=cluster, name__startswith="notebook-x").name
+    return ResourceClaim.objects.get(cluster=cluster, name__startswith=prefix).name
+
+
+def _notebook(cluster) -> str:
+    return _claim(cluster, "notebook-x")
+
+
+def test_a_claim_chart_shows_its_dynamic_mig_instance_without_dra_labels(
+    cluster, scraped, settings, signed_in
+):
+    source = scraped(17)
+    settings.CLAIMSCOPE_PROMETHEUS = {CLUSTER: source.config}
+    dynamic = _claim(cluster, "chat-2g-00")  # a 2g.20gb instance created on allocation: no DRA labels
+    url = f"/usage/series.json?cluster={CLUSTER}&namespace=inference&claim={dynamic}"
+
+    def charted():
+        body = signed_in.get(url).json()
+        return body if body["activity"] and _values(body["activity"][0]) else None
+
+    body = prom.wait_for(charted, "a chart point of the dynamic-MIG claim")
+    assert body["unavailable"] is None
+    assert [t["name"] for t in body["activity"]] == ["h100-dyn-0000 GPU 0 2g.20gb #1"]
+    assert [t["name"] for t in body["memory"]] == ["h100-dyn-0000 GPU 0 2g.20gb #1"]
+    assert 0 < max(_values(body["memory"][0])) < 100
+    # A static MIG claim is still found by its DRA labels, and only its own instance is charted.
+    static = _claim(cluster, "chat-1g-00")
+    body = signed_in.get(f"/usage/series.json?cluster={CLUSTER}&namespace=inference&claim={static}").json()
+    assert len(body["activity"]) == 1 and "1g.10gb" in body["activity"][0]["name"]
 
 
 def test_a_chart_says_when_prometheus_is_down_or_not_configured(cluster, settings, signed_in):
@@ -64,6 +92,10 @@ def test_a_chart_says_when_prometheus_is_down_or_not_configured(cluster, setting
     body = signed_in.get(GPU).json()
     assert body["unavailable"].startswith("utilization unavailable since") and dead in body["unavailable"]
     assert body["activity"] == []
+    # A claim's chart asks Prometheus for its GPUs' entities first: that failing says the same.
+    dynamic = _claim(cluster, "chat-2g-00")
+    body = signed_in.get(f"/usage/series.json?cluster={CLUSTER}&namespace=inference&claim={dynamic}").json()
+    assert body["unavailable"].startswith("utilization unavailable since") and dead in body["unavailable"]
 
 
 def test_a_claim_chart_of_a_foreign_namespace_is_a_404(cluster, settings, client, db):
@@ -92,4 +124,35 @@ def test_the_gpu_page_plots_the_last_24_hours(cluster, scraped, settings, page, 
         page.wait_for_selector(".usage-charts[data-state=plotted]")
         assert page.locator(".usage-activity .main-svg").count() > 0
         assert page.locator(".usage-memory .main-svg").count() > 0
+        assert not page.console_errors
+
+
+@pytest.mark.browser
+@pytest.mark.django_db(transaction=True)
+def test_the_claim_page_plots_a_dynamic_mig_instance(cluster, scraped, settings, page, monkeypatch):
+    source = scraped(17)
+    settings.CLAIMSCOPE_PROMETHEUS = {CLUSTER: source.config}
+    monkeypatch.setitem(connections.databases["default"], "CONN_MAX_AGE", 0)
+    user = get_user_model().objects.create_user("alice", password=PASSWORD)
+    grant_all_namespaces(user)
+    dynamic = _claim(cluster, "chat-2g-00")
+    client = Client()
+    client.force_login(user)
+    prom.wait_for(  # Prometheus has a point of it: the page's single fetch then finds one
+        lambda: client.get(
+            f"/usage/series.json?cluster={CLUSTER}&namespace=inference&claim={dynamic}"
+        ).json()["activity"],
+        "a chart point of the dynamic-MIG claim",
+    )
+    with asgi_server() as server:
+        page.goto(server + "/accounts/login/")
+        page.fill("input[name=username]", "alice")
+        page.fill("input[name=password]", PASSWORD)
+        page.click("button[type=submit]")
+        page.wait_for_url(server + "/")
+        page.goto(f"{server}/fleet/c/{CLUSTER}/claims/inference/{dynamic}/")
+        page.wait_for_selector(".usage-charts[data-state=plotted]")
+        for chart in (".usage-activity", ".usage-memory"):
+            legend = page.locator(f"{chart} .legendtext").all_text_contents()
+            assert legend == ["h100-dyn-0000 GPU 0 2g.20gb #1"], (chart, legend)
         assert not page.console_errors

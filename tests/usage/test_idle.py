@@ -194,6 +194,8 @@ def test_the_page_lists_the_idle_claim_and_says_when_utilization_is_unavailable(
 def test_trends_sum_allocation_and_activity_per_model(sampled, api):
     body = api.get("/api/v1/usage-trends/?since=2h").json()
     assert body["window"]["group"] == "model" and body["window"]["resolution"] == "minute"
+    assert body["window"]["gap_seconds"] == 120  # two sampling intervals: further apart, rounds were missed
+    assert body["unavailable_since"] is None
     b200 = [p for p in body["points"] if p["model"] == "B200"]
     assert len(b200) == 5  # one per round
     assert {p["allocated"] for p in b200} == {7.0}  # notebook-x's 3 + pretrain-0's 4
