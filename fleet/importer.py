@@ -20,6 +20,7 @@ INGEST_ORDER = (
     "DeviceClass",
     "Node",
     "ResourceSlice",
+    "DeviceTaintRule",
     "ResourceClaimTemplate",
     "ResourceClaim",
     "Pod",

@@ -20,7 +20,7 @@ from fleet.api import selectors as api_selectors
 log = logging.getLogger(__name__)
 
 DEBOUNCE_SECONDS = 2  # the summary of the L fleet takes about 2 s: a refresh at most every few seconds
-RELEVANT_KINDS = frozenset({"ResourceSlice", "ResourceClaim"})  # what the summary counts
+RELEVANT_KINDS = frozenset({"ResourceSlice", "ResourceClaim", "DeviceTaintRule"})  # what the summary counts
 _PENDING = "api:summary:pending"  # one refresh in flight at a time (a marker in the shared cache)
 
 
