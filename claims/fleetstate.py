@@ -408,14 +408,16 @@ def _pick(obj: Any, keys: frozenset[str]) -> Any:
 
 # What the diagnosis, the lint and the allocator replay read of each kind (beyond ``kind``), for
 # ``from_db(lean=True)``. Pods: the claims they use, their node selector and the scheduler's message.
-# Allocated claims: who holds which device since when (status.allocation.devices, reservedFor).
+# Allocated claims: who holds which device since when (status.allocation.devices, reservedFor), and the
+# devices' conditions (status.devices).
 _META = frozenset({"name", "namespace", "uid", "creationTimestamp"})
 _LEAN_TOP = frozenset({"kind", "metadata", "spec", "status"})
 _POD_SPEC = frozenset({"nodeName", "nodeSelector", "resourceClaims", "containers", "initContainers"})
 _POD_STATUS = frozenset({"phase", "conditions", "resourceClaimStatuses", "extendedResourceClaimStatus"})
 # Of a container: what decides its DRA extended resource requests (claims.diagnosis.extended_resource_claim).
 _CONTAINER = frozenset({"name", "resources", "restartPolicy"})
-_CLAIM_STATUS = frozenset({"allocation", "reservedFor"})
+# ``devices``: the per-device conditions binding conditions wait for (claims.diagnosis.binding).
+_CLAIM_STATUS = frozenset({"allocation", "reservedFor", "devices"})
 _ALLOCATION = frozenset({"devices"})
 _NODE_META = frozenset({"name", "labels"})
 _NODE_TOP = frozenset({"kind", "metadata", "spec"})

@@ -342,3 +342,32 @@ def test_all_mode_on_an_incomplete_pool_aborts_like_the_scheduler() -> None:
     assert result.scheduler_message.endswith(
         "request gpu: asks for all devices, but resource pool gpu.nvidia.com/a is currently being updated"
     )
+
+
+def test_an_allocated_claim_waiting_for_binding_conditions_says_which_and_a_failed_one_says_so() -> None:
+    from claims.diagnosis.binding import binding_waits
+
+    allocated = nvidia.claim_object("team", "bound", [gpu()])
+    result = {
+        "request": "gpu",
+        "driver": "gpu.nvidia.com",
+        "pool": "a",
+        "device": "gpu-0",
+        "bindingConditions": ["example.com/attached"],
+        "bindingFailureConditions": ["example.com/failed"],
+    }
+    allocated["status"] = {"allocation": {"devices": {"results": [result]}}}
+    diagnosis = diagnose(state(node("a", "H100", gpus=1), allocated), allocated)
+    assert diagnosis.summary == (
+        "team/bound is already allocated (1 devices). Binding conditions pending: device "
+        "gpu.nvidia.com/a/gpu-0 of team/bound waits for example.com/attached to be True."
+    )
+    condition = {"type": "example.com/failed", "status": "True"}
+    device = {"driver": "gpu.nvidia.com", "pool": "a", "device": "gpu-0", "conditions": [condition]}
+    allocated["status"]["devices"] = [device]
+    assert binding_waits(allocated) == [
+        "device gpu.nvidia.com/a/gpu-0 of team/bound reports example.com/failed: the scheduler frees the "
+        "allocation and tries again"
+    ]
+    device["conditions"] = [{"type": "example.com/attached", "status": "True"}]
+    assert binding_waits(allocated) == []
