@@ -55,7 +55,7 @@ def test_a_rule_taints_the_one_device_it_selects_in_every_count(editor: FleetEdi
     assert_read_model_is_current(editor.cluster.pk)
 
 
-def device_keys(**where: str) -> set[tuple[str, str]]:
+def device_keys(**where: object) -> set[tuple[str, str]]:
     return set(Device.objects.filter(**where).values_list("pool", "name"))
 
 
