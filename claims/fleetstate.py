@@ -20,6 +20,7 @@ import orjson
 from claims.allocator import FleetSnapshot
 from fleet.normalize import model_family, object_as_v1
 from fleet.snapshot import read_files
+from fleet.taint_rules import patch_slices, rules_of
 
 Obj = dict[str, Any]
 DeviceKey = tuple[str, str, str]
@@ -32,6 +33,7 @@ KINDS = (
     "Pod",
     "Node",
     "Event",
+    "DeviceTaintRule",
 )
 
 
@@ -87,6 +89,10 @@ class FleetState:
             if kind in state.objects:
                 # Files may hold v1beta1 objects (kubectl of an older cluster, a driver's quickstart).
                 state.objects[str(kind)].append(object_as_v1(obj))
+        # The scheduler sees slices with the DeviceTaintRules' taints added (fleet.taint_rules), so do we.
+        state.objects["ResourceSlice"] = patch_slices(
+            state.objects["ResourceSlice"], rules_of(state.objects["DeviceTaintRule"])
+        )
         return state
 
     @classmethod
@@ -123,6 +129,7 @@ class FleetState:
             ("ResourceClaimTemplate", fm.ResourceClaimTemplate),
             ("Pod", fm.Pod),
             ("Event", fm.SchedulingEvent),
+            ("DeviceTaintRule", fm.DeviceTaintRule),
         ]
         objs: list[Obj] = []
         shared: dict[Any, Any] = {}
@@ -401,14 +408,16 @@ def _pick(obj: Any, keys: frozenset[str]) -> Any:
 
 # What the diagnosis, the lint and the allocator replay read of each kind (beyond ``kind``), for
 # ``from_db(lean=True)``. Pods: the claims they use, their node selector and the scheduler's message.
-# Allocated claims: who holds which device since when (status.allocation.devices, reservedFor).
+# Allocated claims: who holds which device since when (status.allocation.devices, reservedFor), and the
+# devices' conditions (status.devices).
 _META = frozenset({"name", "namespace", "uid", "creationTimestamp"})
 _LEAN_TOP = frozenset({"kind", "metadata", "spec", "status"})
 _POD_SPEC = frozenset({"nodeName", "nodeSelector", "resourceClaims", "containers", "initContainers"})
 _POD_STATUS = frozenset({"phase", "conditions", "resourceClaimStatuses", "extendedResourceClaimStatus"})
 # Of a container: what decides its DRA extended resource requests (claims.diagnosis.extended_resource_claim).
 _CONTAINER = frozenset({"name", "resources", "restartPolicy"})
-_CLAIM_STATUS = frozenset({"allocation", "reservedFor"})
+# ``devices``: the per-device conditions binding conditions wait for (claims.diagnosis.binding).
+_CLAIM_STATUS = frozenset({"allocation", "reservedFor", "devices"})
 _ALLOCATION = frozenset({"devices"})
 _NODE_META = frozenset({"name", "labels"})
 _NODE_TOP = frozenset({"kind", "metadata", "spec"})

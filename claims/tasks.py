@@ -34,7 +34,9 @@ from fleet.models import ResourceClaim
 log = logging.getLogger(__name__)
 
 DEBOUNCE_SECONDS = 5
-RELEVANT_KINDS = frozenset({"ResourceSlice", "DeviceClass", "ResourceClaim", "Pod", "Node"})
+RELEVANT_KINDS = frozenset(
+    {"ResourceSlice", "DeviceClass", "ResourceClaim", "Pod", "Node", "DeviceTaintRule"}
+)
 _local_marks: dict[str, float] = {}
 
 

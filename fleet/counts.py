@@ -5,7 +5,8 @@ A device (``cluster, driver, pool, name``) is in exactly one **state**, the firs
 
 - **reserved**: allocated to a claim whose ``reservedFor`` names a consumer (in use);
 - **allocated** (unreserved): allocated, no consumer (a suspected leak when it lasts);
-- **unavailable**: not allocated and not allocatable now: it carries a NoSchedule/NoExecute taint, or
+- **unavailable**: not allocated and not allocatable now: it carries a NoSchedule/NoExecute taint (its
+  own, or one a DeviceTaintRule applies: ``Device.taints`` holds both), or
   (dynamic MIG) the shared counters it needs are used up by allocated siblings;
 - **free**: everything else.
 
@@ -26,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from fleet.normalize import FULL_GPU_SLICES
+from fleet.taint_rules import rule_text
 
 DeviceKey = tuple[int, str, str, str]  # cluster id, driver, pool, device name
 
@@ -43,11 +45,12 @@ def is_tainted(taints: Iterable[Mapping[str, Any]]) -> bool:
 
 
 def taint_text(taints: Iterable[Mapping[str, Any]]) -> list[str]:
-    """Taints as ``key=value:Effect``, for pages and hover cards."""
+    """Taints as ``key=value:Effect`` (`` by DeviceTaintRule NAME`` when a rule applied it), for pages
+    and hover cards."""
     out = []
     for t in taints:
         value = f"={t['value']}" if t.get("value") else ""
-        out.append(f"{t.get('key', '')}{value}:{t.get('effect', '')}")
+        out.append(f"{t.get('key', '')}{value}:{t.get('effect', '')}{rule_text(t)}")
     return out
 
 

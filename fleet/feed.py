@@ -38,8 +38,9 @@ from fleet.selectors import PoolKey
 
 log = logging.getLogger(__name__)
 
-# Kinds whose changes can move a heatmap cell: slices (devices, taints), claims (allocations), nodes (labels).
-RELEVANT_KINDS = frozenset({"ResourceSlice", "ResourceClaim", "Node"})
+# Kinds whose changes can move a heatmap cell: slices (devices, taints), claims (allocations), nodes (labels),
+# DeviceTaintRules (taints).
+RELEVANT_KINDS = frozenset({"ResourceSlice", "ResourceClaim", "Node", "DeviceTaintRule"})
 # At most one delta message per this interval. With a refresh that reads only the changed pools (tens of
 # milliseconds for a 500-event/s churn on the L fleet, bench/README.md) a shorter window costs little and
 # is a quarter of a second off every change's latency; events inside it still coalesce.
@@ -49,6 +50,9 @@ BATCH_SECONDS = 0.25
 # missed. It delays the delta it falls in, so it is rare: one delta in ~100 at a busy 0.25 s window.
 FULL_CHECK_SECONDS = 30.0
 POOL_KINDS = frozenset({"ResourceSlice", "ResourceClaim"})  # kinds whose events name changed pools
+# A rule's event names no pool: its batch stamped the slices of the pools whose taints moved, which the
+# cluster's version check finds.
+WHOLE_CLUSTER_KINDS = frozenset({"DeviceTaintRule"})
 CACHED_FILTERS = 32  # rows kept for this many distinct filters (least recently used go first)
 PARTIAL_READ_LIMIT = 2000  # more changed pools than this: one read of the whole fleet is cheaper
 LOGGED_GENERATIONS = 64  # rows older than this many changes are rebuilt whole, not node by node
@@ -125,10 +129,10 @@ class GpuCache:
     def mark(self, event: Mapping[str, Any]) -> None:
         """Note the pools a ``fleet.change`` event changed, for the next refresh. Every connection gets
         every event: marking the same pools again is a no-op."""
-        if event.get("kind") not in POOL_KINDS:
+        if event.get("kind") not in POOL_KINDS | WHOLE_CLUSTER_KINDS:
             return
         cluster = str(event.get("cluster", ""))
-        pools = event_pools(event)
+        pools = None if event.get("kind") in WHOLE_CLUSTER_KINDS else event_pools(event)
         with self._dirty_lock:
             if pools is None:
                 self._dirty[cluster] = None

@@ -23,6 +23,7 @@ INGEST_ORDER = (
     "DeviceClass",
     "Node",
     "ResourceSlice",
+    "DeviceTaintRule",
     "ResourceClaimTemplate",
     "ResourceClaim",
     "Pod",

@@ -83,6 +83,21 @@ class DeviceClass(KubeObject):
         ]
 
 
+class DeviceTaintRule(KubeObject):
+    """A DeviceTaintRule (``resource.k8s.io/v1``): one taint for the devices its selector selects. Ingest
+    applies it to their ``Device.taints`` (:mod:`fleet.taint_rules`), so every count sees it as a taint."""
+
+    selector = models.JSONField(null=True)  # {"driver", "pool", "device"}: None in it means any; null: none
+    taint = models.JSONField(default=dict)
+    effect = models.CharField(max_length=64, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["cluster", "uid"], name="devicetaintrule_uid"),
+            models.UniqueConstraint(fields=["cluster", "name"], name="devicetaintrule_name"),
+        ]
+
+
 class ResourceSlice(KubeObject):
     """One ResourceSlice: part of a driver's pool, at a pool generation."""
 
@@ -108,7 +123,9 @@ class Device(models.Model):
     """A device published in a ResourceSlice, identified by (cluster, driver, pool, name).
 
     ``gpu_uuid`` names the physical GPU the device belongs to (its own uuid, or the MIG parent's):
-    MIG slices of one GPU share it, so their memory is never added to the GPU's.
+    MIG slices of one GPU share it, so their memory is never added to the GPU's. ``taints`` are the
+    published ones followed by those of the DeviceTaintRules selecting the device (each naming its rule,
+    :mod:`fleet.taint_rules`); ``tainted`` covers both.
     """
 
     KINDS = [("gpu", "GPU"), ("mig", "MIG"), ("vfio", "VFIO"), ("channel", "channel"), ("other", "other")]

@@ -37,6 +37,7 @@ PATHS: dict[str, tuple[str, str]] = {
     "/api/v1/events": ("Event", "v1"),
     "/apis/resource.k8s.io/v1/resourceslices": ("ResourceSlice", "resource.k8s.io/v1"),
     "/apis/resource.k8s.io/v1/deviceclasses": ("DeviceClass", "resource.k8s.io/v1"),
+    "/apis/resource.k8s.io/v1/devicetaintrules": ("DeviceTaintRule", "resource.k8s.io/v1"),
     "/apis/resource.k8s.io/v1/resourceclaims": ("ResourceClaim", "resource.k8s.io/v1"),
     "/apis/resource.k8s.io/v1/resourceclaimtemplates": ("ResourceClaimTemplate", "resource.k8s.io/v1"),
 }

@@ -34,6 +34,7 @@ KINDS: tuple[str, ...] = (
     "Node",
     "Pod",
     "Event",
+    "DeviceTaintRule",
 )
 API_VERSIONS: dict[str, str] = {
     "ResourceSlice": "resource.k8s.io/v1",
@@ -43,6 +44,7 @@ API_VERSIONS: dict[str, str] = {
     "Node": "v1",
     "Pod": "v1",
     "Event": "v1",
+    "DeviceTaintRule": "resource.k8s.io/v1",
 }
 
 

@@ -4,8 +4,9 @@ It answers "could these claims be allocated on this node, and with which devices
 depth-first search and the same messages as the kube-scheduler DynamicResources plugin
 (k8s.io/dynamic-resource-allocation/structured, pkg/scheduler/framework/plugins/dynamicresources).
 
-Not implemented: DeviceTaintRules (only taints published on devices count), binding conditions (pools with
-them are not put last, bindsToNode is only used for the node selector), ListTypeAttributes, compatibility
+DeviceTaintRules are applied by the caller (``claims.fleetstate`` patches the slices, as the scheduler's
+tracker does). Binding conditions: pools with them are tried last and results carry them; the wait for them
+(the scheduler's PreBind) is not modelled. Not implemented: ListTypeAttributes, compatibility
 groups, derived attributes, the Filter timeout, scoring of firstAvailable, allocated-claim nodeSelector
 checks (pass only unallocated claims) and the per-node counter/capacity validation details of ``buildPool``
 beyond duplicate device names and unknown counter references.

@@ -78,8 +78,19 @@ def gather_pools(node: Obj, snapshot: FleetSnapshot, features: Features) -> list
             pools.append(Pool(driver, pool_name, incomplete=True))
             continue
         pools.append(_build_pool(driver, pool_name, slices, at_generation, features))
-    pools.sort(key=lambda p: (p.driver, p.name))
+    # Pools with a device that has binding conditions come last (then by id), so a first-fit search
+    # prefers devices usable without waiting for a binding controller (pools_incubating.go).
+    pools.sort(key=lambda p: (has_binding_conditions(p), p.driver, p.name))
     return pools
+
+
+def has_binding_conditions(pool: Pool) -> bool:
+    """Whether a device of the pool's slices targeting the node has ``bindingConditions``."""
+    return any(
+        d.get("bindingConditions") is not None
+        for s in pool.slices
+        for d in (s.get("spec") or {}).get("devices") or []
+    )
 
 
 def device_on_node(node: Obj, device: Obj) -> bool:

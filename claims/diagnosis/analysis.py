@@ -16,6 +16,7 @@ from claims.diagnosis.result import ALLOCATED, CAPACITY, COUNTERS, ERROR, FREE, 
 from claims.fleetstate import DeviceInfo, DeviceKey
 from fleet.normalize import mig_compute_slices
 from fleet.quantity import parse_quantity
+from fleet.taint_rules import rule_text
 
 
 @dataclass
@@ -232,7 +233,7 @@ def _state_outcome(
     untolerated = untolerated_taints(info.device, req.tolerations)
     if untolerated:
         for t in untolerated:
-            label = f"{t.get('key', '')}={t.get('value', '')}:{t.get('effect', '')}"
+            label = f"{t.get('key', '')}={t.get('value', '')}:{t.get('effect', '')}{rule_text(t)}"
             group.taints[label] = group.taints.get(label, 0) + 1
         return TAINT
     if not ctx.counters_fit(info):

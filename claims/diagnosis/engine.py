@@ -9,6 +9,7 @@ from collections.abc import Callable
 from claims.allocator import MAX_RESULTS, allocate
 from claims.cel import CelCompileError, compile_selector
 from claims.diagnosis.analysis import analyze, summarize
+from claims.diagnosis.binding import binding_suggestion, binding_waits
 from claims.diagnosis.details import request_detail
 from claims.diagnosis.extended import extended_resource_claim
 from claims.diagnosis.groups import Context
@@ -133,7 +134,12 @@ def _diagnose_pod(state: FleetState, pod: Obj) -> Diagnosis:
     if extended is not None:
         pending.append(extended)  # the scheduler allocates it together with the pod's own claims
     if not pending:
-        return Diagnosis("fits", f"All claims of pod {ns}/{name} are allocated.", pod=f"{ns}/{name}")
+        waits = [w for c in claims for w in binding_waits(c)]
+        summary = f"All claims of pod {ns}/{name} are allocated."
+        if waits and not (pod.get("spec") or {}).get("nodeName"):
+            summary += " The scheduler binds the pod once the devices' binding conditions hold: "
+            summary += "; ".join(waits) + "."
+        return Diagnosis("fits", summary, suggestions=binding_suggestion(waits), pod=f"{ns}/{name}")
     return _diagnose_claim(state, pending[0], pod, lint_object(pending[0], state), others=pending[1:])
 
 
@@ -151,6 +157,10 @@ def _diagnose_claim(
     if claim_results(claim):
         base.category = "fits"
         base.summary = f"{name} is already allocated ({len(claim_results(claim))} devices)."
+        waits = binding_waits(claim)
+        if waits:
+            base.summary += " Binding conditions pending: " + "; ".join(waits) + "."
+            base.suggestions = binding_suggestion(waits)
         return base
     # 1. compile errors (the apiserver would reject the claim; a stored one aborts scheduling)
     for f in findings:

@@ -13,6 +13,7 @@ from claims.diagnosis.details import group_label
 from claims.diagnosis.groups import HOLDERS_SHOWN, Group
 from claims.diagnosis.result import ALLOCATED, CAPACITY, COUNTERS, FREE, POOL, SELECTOR, TAINT, Diagnosis, Obj
 from claims.fleetstate import DeviceInfo, DeviceKey, klog
+from fleet.taint_rules import rules_named
 
 
 def error_diagnosis(base: Diagnosis, claim: Obj, message: str, analyses: list[list[Analysis]]) -> Diagnosis:
@@ -177,6 +178,11 @@ def unschedulable(
         base.suggestions = [
             "Add a toleration for the taint to the request if the workload can run on those devices, "
             "or ask the fleet owner why they are tainted."
+        ]
+        base.suggestions += [
+            f"The taint comes from DeviceTaintRule {rule} (kubectl get devicetaintrule {rule} -o yaml); "
+            "deleting the rule untaints its devices."
+            for rule in rules_named(taints)
         ]
         return base
     mig_request = bool(matching_groups) and all(g.profile for g in matching_groups)

@@ -1,13 +1,14 @@
-"""The fleet's own kinds: nodes, device classes, ResourceSlices and their devices."""
+"""The fleet's own kinds: nodes, device classes, ResourceSlices and their devices, DeviceTaintRules."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from fleet import counts
+from fleet.ingest import rule_taints
 from fleet.ingest.specs import ChildSpec, TableSpec, register
-from fleet.models import Device, DeviceClass, Node, ResourceSlice
-from fleet.normalize import DeviceClassRecord, NodeRecord, SliceRecord
+from fleet.models import Device, DeviceClass, DeviceTaintRule, Node, ResourceSlice
+from fleet.normalize import DeviceClassRecord, DeviceTaintRuleRecord, NodeRecord, SliceRecord
 
 
 def _node_row(r: NodeRecord) -> dict[str, Any]:
@@ -21,6 +22,10 @@ def _node_row(r: NodeRecord) -> dict[str, Any]:
 
 def _class_row(r: DeviceClassRecord) -> dict[str, Any]:
     return {"selectors": r.selectors, "extended_resource_name": r.extended_resource_name}
+
+
+def _rule_row(r: DeviceTaintRuleRecord) -> dict[str, Any]:
+    return {"selector": r.selector, "taint": r.taint, "effect": str(r.taint.get("effect", ""))}
 
 
 def _slice_row(r: SliceRecord) -> dict[str, Any]:
@@ -85,5 +90,16 @@ register(
                 fence="pool_generation",
             ),
         ),
+    ),
+)
+# A rule's writes and deletes re-taint the devices it selected or selects (fleet.ingest.rule_taints).
+register(
+    "DeviceTaintRule",
+    TableSpec(
+        DeviceTaintRule,
+        ("name",),
+        _rule_row,
+        on_written=rule_taints.rules_changed,
+        on_deleted=rule_taints.rules_changed,
     ),
 )

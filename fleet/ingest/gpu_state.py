@@ -23,7 +23,7 @@ from django.db.models import Max, QuerySet, TextField
 from django.db.models.functions import Cast
 
 from fleet import counts, heatmap, selectors
-from fleet.ingest import locks, statistics
+from fleet.ingest import locks, rule_taints, statistics
 from fleet.ingest.sql import write_rows
 from fleet.models import Device, DeviceGroupState, GpuState, ResourceSlice
 from fleet.normalize import FULL_GPU_SLICES
@@ -153,11 +153,16 @@ def _device_dicts(devices: QuerySet[Device]) -> list[dict[str, Any]]:
 _JSON_FIELDS = ("counters_consumed", "taints")
 
 
-def refresh(cluster_id: int, pools: Collection[str] | None = None) -> int:
+def refresh(cluster_id: int, pools: Collection[str] | None = None, *, retaint: bool = True) -> int:
     """Recompute the read model's rows of ``pools`` (pool names, every driver) of a cluster, or of the
     whole cluster with ``None``, from the stored devices and allocations; returns the GPU rows written.
-    Call inside the ingest transaction that changed them. A constant number of statements."""
+    Call inside the ingest transaction that changed them. A constant number of statements.
+
+    First the DeviceTaintRules' taints of the pools' devices are brought up to date (``retaint``; a batch
+    may have rewritten device rows with their published taints only)."""
     locks.read_model_lock(cluster_id)
+    if retaint:
+        rule_taints.retaint(cluster_id, pools)
     slices = ResourceSlice.objects.filter(cluster_id=cluster_id)
     devices = Device.objects.filter(cluster_id=cluster_id)
     stored = [m.objects.filter(cluster_id=cluster_id) for m in READ_MODEL]
@@ -235,6 +240,8 @@ def _pool_count(cluster_id: int) -> int:
 
 
 def rebuild_all(cluster_ids: Iterable[int]) -> None:
-    """Recompute every cluster's rows (the migration that creates the read model fills it so)."""
+    """Recompute every cluster's rows (the migration that creates the read model fills it so). The device
+    rows already carry their rules' taints (ingest wrote them), and a migration may run before the rules'
+    table exists: no re-taint."""
     for cid in cluster_ids:
-        refresh(cid)
+        refresh(cid, retaint=False)

@@ -46,7 +46,8 @@ class TableSpec:
     natural_key: tuple[str, ...]  # columns after cluster_id, e.g. ("namespace", "name")
     row: Callable[[Any], dict[str, Any]]
     children: tuple[ChildSpec, ...] = ()
-    # Optional history hooks (claims records claim state changes with them), called once per batch inside
+    # Optional hooks (claims records claim state changes with them; DeviceTaintRules re-taint the devices
+    # they select), called once per batch inside
     # its transaction with the batch's observation time: ``on_written(cluster, records written, observed_at)``
     # (stale records left out) and ``on_deleted(cluster, [(uid, deletionTimestamp or None)], observed_at)``.
     # They must stay bulk: a constant number of statements per call, whatever the batch size.

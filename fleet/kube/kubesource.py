@@ -43,6 +43,7 @@ RESOURCES: dict[str, Resource] = {
         "/apis/resource.k8s.io/v1", "resourceclaimtemplates", "resource.k8s.io/v1"
     ),
     "DeviceClass": Resource("/apis/resource.k8s.io/v1", "deviceclasses", "resource.k8s.io/v1"),
+    "DeviceTaintRule": Resource("/apis/resource.k8s.io/v1", "devicetaintrules", "resource.k8s.io/v1"),
     "Node": Resource("/api/v1", "nodes", "v1"),
     "Pod": Resource("/api/v1", "pods", "v1"),
     "Event": Resource("/api/v1", "events", "v1"),

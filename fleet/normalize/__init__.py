@@ -6,7 +6,8 @@
 
 Modules: ``records`` (the typed records), ``helpers`` (:class:`NormalizeError`, typed field access,
 metadata, quantities), ``gpus`` (GPU models and MIG identity, the devices of a slice), ``claims`` (claims,
-templates, API versions, pasted claims), ``kinds`` (the other kinds and the :func:`normalize` dispatch).
+templates, API versions, pasted claims), ``kinds`` (the other kinds, DeviceTaintRules among them, and
+the :func:`normalize` dispatch).
 """
 
 from fleet.normalize.claims import (
@@ -44,6 +45,7 @@ from fleet.normalize.kinds import (
     is_stored,
     normalize,
     normalize_device_class,
+    normalize_device_taint_rule,
     normalize_event,
     normalize_node,
     normalize_pod,
@@ -56,6 +58,7 @@ from fleet.normalize.records import (
     ClaimSpec,
     DeviceClassRecord,
     DeviceRecord,
+    DeviceTaintRuleRecord,
     EventRecord,
     Meta,
     NodeRecord,
@@ -86,6 +89,7 @@ __all__ = [
     "ClaimSpec",
     "DeviceClassRecord",
     "DeviceRecord",
+    "DeviceTaintRuleRecord",
     "EventRecord",
     "Meta",
     "NodeRecord",
@@ -105,6 +109,7 @@ __all__ = [
     "normalize",
     "normalize_claim",
     "normalize_device_class",
+    "normalize_device_taint_rule",
     "normalize_event",
     "normalize_node",
     "normalize_pod",

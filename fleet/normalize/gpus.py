@@ -9,6 +9,7 @@ from typing import Any
 from fleet.normalize.helpers import _Reader
 from fleet.normalize.records import DeviceRecord
 from fleet.quantity import quantity_bytes
+from fleet.taint_rules import TAINT_FIELDS
 
 NVIDIA_GPU_DRIVER = "gpu.nvidia.com"
 
@@ -127,8 +128,10 @@ def _device(
     parent = attr("parentUUID")
     minor_match = _GPU_MINOR.match(name)
     memory = capacity.get("memory") if kind in ("gpu", "mig") else capacity.get("addressableMemory")
+    # Only the API's fields: a taint a DeviceTaintRule applies is told apart by a key of ours.
     taints = [
-        r.mapping(t, f"{path}.taints[{i}]") for i, t in enumerate(r.seq(body.get("taints"), f"{path}.taints"))
+        {f: v for f, v in r.mapping(t, f"{path}.taints[{i}]").items() if f in TAINT_FIELDS}
+        for i, t in enumerate(r.seq(body.get("taints"), f"{path}.taints"))
     ]
     counters = r.seq(body.get("consumesCounters"), f"{path}.consumesCounters")
     node = r.string(body.get("nodeName"), f"{path}.nodeName") or slice_node

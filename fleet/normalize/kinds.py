@@ -1,5 +1,5 @@
-"""The per-kind normalize functions (device classes, nodes, slices, pods, events) and their dispatch,
-:func:`normalize`. Claims and templates are in ``claims``, GPU devices in ``gpus``.
+"""The per-kind normalize functions (device classes, nodes, slices, pods, events, DeviceTaintRules) and
+their dispatch, :func:`normalize`. Claims and templates are in ``claims``, GPU devices in ``gpus``.
 """
 
 from __future__ import annotations
@@ -10,9 +10,27 @@ from typing import Any
 from fleet.normalize.claims import normalize_claim, normalize_template
 from fleet.normalize.gpus import _device
 from fleet.normalize.helpers import NormalizeError, _describe, _meta, _selectors
-from fleet.normalize.records import DeviceClassRecord, EventRecord, NodeRecord, PodRecord, Record, SliceRecord
+from fleet.normalize.records import (
+    DeviceClassRecord,
+    DeviceTaintRuleRecord,
+    EventRecord,
+    NodeRecord,
+    PodRecord,
+    Record,
+    SliceRecord,
+)
+from fleet.taint_rules import TAINT_FIELDS
 
-KINDS = ("DeviceClass", "Node", "ResourceSlice", "ResourceClaim", "ResourceClaimTemplate", "Pod", "Event")
+KINDS = (
+    "DeviceClass",
+    "Node",
+    "ResourceSlice",
+    "ResourceClaim",
+    "ResourceClaimTemplate",
+    "Pod",
+    "Event",
+    "DeviceTaintRule",
+)
 
 
 #: Event reasons kept: the ones that explain why a claim or a pod is stuck.
@@ -91,6 +109,26 @@ def normalize_slice(obj: Any) -> SliceRecord:
             for i, c in enumerate(r.seq(spec.get("sharedCounters"), "spec.sharedCounters"))
         ],
         devices=devices,
+    )
+
+
+def normalize_device_taint_rule(obj: Any) -> DeviceTaintRuleRecord:
+    meta, r = _meta(obj, "DeviceTaintRule", namespaced=False)
+    spec = r.mapping(obj.get("spec"), "spec", required=True)
+    selector: dict[str, str | None] | None = None
+    if spec.get("deviceSelector") is not None:
+        raw = r.mapping(spec.get("deviceSelector"), "spec.deviceSelector")
+        selector = {}
+        for f in ("driver", "pool", "device"):
+            value = raw.get(f)
+            # A field left out selects any; the API server refuses an empty one, so "" is kept as given.
+            selector[f] = None if value is None else r.string(value, f"spec.deviceSelector.{f}", max_len=253)
+    taint = r.mapping(spec.get("taint"), "spec.taint", required=True)
+    r.string(taint.get("key"), "spec.taint.key", required=True, max_len=317)
+    r.string(taint.get("effect"), "spec.taint.effect", required=True, max_len=64)
+    r.string(taint.get("value"), "spec.taint.value", max_len=63)
+    return DeviceTaintRuleRecord(
+        meta=meta, selector=selector, taint={f: taint[f] for f in TAINT_FIELDS if f in taint}
     )
 
 
@@ -216,6 +254,7 @@ NORMALIZERS: Mapping[str, Callable[[Any], Record]] = {
     "ResourceClaimTemplate": normalize_template,
     "Pod": normalize_pod,
     "Event": normalize_event,
+    "DeviceTaintRule": normalize_device_taint_rule,
 }
 
 

@@ -194,6 +194,15 @@ class PodRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class DeviceTaintRuleRecord:
+    """A DeviceTaintRule: one taint for the devices its selector selects (:mod:`fleet.taint_rules`)."""
+
+    meta: Meta
+    selector: dict[str, str | None] | None  # driver / pool / device, None: any; no selector: no device
+    taint: dict[str, Any]  # key, value, effect, timeAdded
+
+
+@dataclass(frozen=True, slots=True)
 class EventRecord:
     meta: Meta
     reason: str
@@ -208,4 +217,13 @@ class EventRecord:
     last_at: datetime | None
 
 
-Record = DeviceClassRecord | NodeRecord | SliceRecord | ClaimRecord | TemplateRecord | PodRecord | EventRecord
+Record = (
+    DeviceClassRecord
+    | NodeRecord
+    | SliceRecord
+    | ClaimRecord
+    | TemplateRecord
+    | PodRecord
+    | EventRecord
+    | DeviceTaintRuleRecord
+)

@@ -100,6 +100,7 @@ from simulator.nvidia.models import (
 from simulator.nvidia.objects import (
     compute_domain_slice,
     device_classes,
+    device_taint_rule,
     node_object,
     node_slices,
     slice_name,
@@ -138,6 +139,7 @@ __all__ = [
     "counter_set",
     "counter_set_name",
     "device_classes",
+    "device_taint_rule",
     "exactly_request",
     "failed_claim_creation_event",
     "failed_scheduling_event",

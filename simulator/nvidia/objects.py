@@ -186,6 +186,25 @@ def device_classes(created: str | None = None) -> list[Obj]:
     return out
 
 
+def device_taint_rule(
+    name: str,
+    taint: Obj,
+    driver: str | None = None,
+    pool: str | None = None,
+    device: str | None = None,
+    selector: bool = True,
+    created: str | None = None,
+) -> Obj:
+    """A DeviceTaintRule (``resource.k8s.io/v1``, as an admin or a health controller writes it): ``taint``
+    for the devices of ``driver``/``pool``/``device`` (any where None; none at all without ``selector``)."""
+    spec: Obj = {"taint": taint}
+    if selector:
+        given = {"driver": driver, "pool": pool, "device": device}
+        spec["deviceSelector"] = {k: v for k, v in given.items() if v is not None}
+    meta = _meta("DeviceTaintRule", name, created=created)
+    return {"apiVersion": RESOURCE_API, "kind": "DeviceTaintRule", "metadata": meta, "spec": spec}
+
+
 def node_object(
     name: str,
     model: str,

@@ -65,11 +65,11 @@ def control_plane(request: pytest.FixtureRequest) -> Iterator[ControlPlane]:
 
 @pytest.fixture
 def kube(control_plane: ControlPlane) -> Iterator[Kube]:
-    """An admin client. Cluster-scoped test objects (ResourceSlices, DeviceClasses, Nodes) are
-    deleted after the test, so every test starts from an empty fleet."""
+    """An admin client. Cluster-scoped test objects (ResourceSlices, DeviceClasses, DeviceTaintRules,
+    Nodes) are deleted after the test, so every test starts from an empty fleet."""
     client = control_plane.client()
     yield client
-    for kind in ("ResourceSlice", "DeviceClass"):
+    for kind in ("ResourceSlice", "DeviceClass", "DeviceTaintRule"):
         client.delete_collection(kind)
     for node in client.list("Node"):
         client.delete("Node", node["metadata"]["name"])

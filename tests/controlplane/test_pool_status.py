@@ -25,8 +25,10 @@ import yaml
 from django.core.management import call_command
 
 from fleet import selectors
-from fleet.models import Cluster
+from fleet.models import Cluster, Device
+from simulator import nvidia
 from tests.controlplane.kube import Kube, Obj, wait_for
+from tests.controlplane.nodes import for_create
 from tests.controlplane.publisher import FleetPublisher
 from tests.controlplane.test_differential import _create_held, _held_claim, _publish, generate
 
@@ -55,7 +57,7 @@ def _api_pools(kube: Kube) -> dict[str, Obj]:
 
 def _import(kube: Kube, namespace: str, path: Path) -> int:
     objs: list[Obj] = []
-    for kind in ("Node", "DeviceClass", "ResourceSlice"):
+    for kind in ("Node", "DeviceClass", "ResourceSlice", "DeviceTaintRule"):
         objs += [{"kind": kind, **o} for o in kube.list(kind)]
     objs += [{"kind": "ResourceClaim", **o} for o in kube.list("ResourceClaim", namespace)]
     for o in objs:
@@ -63,6 +65,28 @@ def _import(kube: Kube, namespace: str, path: Path) -> int:
     path.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": objs}))
     call_command("import_snapshot", str(path), cluster="pools", stdout=StringIO())
     return Cluster.objects.get(name="pools").pk
+
+
+def _taint_rules(kube: Kube, cases: list[Any]) -> None:
+    """DeviceTaintRules over the published fleet: a whole pool (NoSchedule), one device of another pool
+    (NoExecute), a third pool informationally (None): the API server counts the first two as unavailable."""
+    devices: dict[str, list[str]] = {}
+    for case in cases:
+        for s in case.slices:
+            devices.setdefault(s["spec"]["pool"]["name"], []).extend(
+                d["name"] for d in s["spec"].get("devices") or []
+            )
+    pools = sorted(p for p, names in devices.items() if names)
+    taint = {"key": "example.com/maintenance", "value": "pool-status"}
+    rules = [
+        nvidia.device_taint_rule("status-pool", {**taint, "effect": "NoSchedule"}, pool=pools[0]),
+        nvidia.device_taint_rule(
+            "status-device", {**taint, "effect": "NoExecute"}, pool=pools[1], device=devices[pools[1]][-1]
+        ),
+        nvidia.device_taint_rule("status-note", {**taint, "effect": "None"}, pool=pools[2]),
+    ]
+    for rule in rules:
+        kube.create(for_create(rule))
 
 
 def test_pool_counts_follow_the_api_servers_resource_pool_status(
@@ -85,6 +109,7 @@ def test_pool_counts_follow_the_api_servers_resource_pool_status(
         _publish(kube, publisher, case)
         if case.held:
             _create_held(kube, _held_claim(namespace, case))
+    _taint_rules(kube, cases)
     api = _api_pools(kube)
     cluster_id = _import(kube, namespace, tmp_path / "fleet.yaml")
     devices, counter_sets = selectors.current_devices(cluster_id)
@@ -118,5 +143,11 @@ def test_pool_counts_follow_the_api_servers_resource_pool_status(
         assert counts["tainted"] == tainted_any
         assert sum(1 for k in allocated if k in keys) == counts["allocated"]
         compared += 1
-    print(f"pool status: {compared} pools agree with the API server")
+    ruled = {
+        d.pool
+        for d in Device.objects.filter(cluster_id=cluster_id, tainted=True)
+        if any(t.get("deviceTaintRule") for t in d.taints)
+    }
+    print(f"pool status: {compared} pools agree with the API server, {len(ruled)} with devices a rule taints")
     assert compared >= 40, compared
+    assert len(ruled) == 2, ruled  # the NoSchedule and NoExecute rules' pools

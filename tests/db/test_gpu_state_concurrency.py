@@ -55,3 +55,55 @@ def test_a_claim_batch_racing_a_slice_batch_of_its_pool_leaves_the_read_model_cu
     assert all(g.tainted for g in gpus.values()), "the slice batch's taints"
     assert sum(g.whole_allocated for g in gpus.values()) == 1, "the claim batch's allocation"
     assert selectors.fleet_summary().as_dict() == selectors.fleet_summary_per_device().as_dict()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_slice_batch_racing_a_device_taint_rule_batch_of_its_pool_gets_the_rules_taint(monkeypatch):
+    from fleet.models import Device
+    from fleet.normalize import normalize
+    from simulator import nvidia
+
+    monkeypatch.setattr(ingest.events, "_notify", lambda event: None)
+    cluster = ingest.get_or_create_cluster("rule-race")
+    ingest.apply_batch(cluster, "ResourceSlice", upserts(slice_record("n1", 1, gpus=2)))
+    rule_obj = nvidia.device_taint_rule("drain-n1", {"key": "maintenance", "effect": "NoSchedule"}, pool="n1")
+    rule_obj["metadata"]["resourceVersion"] = "3"
+    written, release = threading.Event(), threading.Event()
+
+    def rule_uncommitted() -> None:
+        # The rule, written (and the stored devices re-tainted) but not committed while the slice batch runs.
+        try:
+            with transaction.atomic():
+                ingest.apply_batch(
+                    cluster, "DeviceTaintRule", upserts(normalize("DeviceTaintRule", rule_obj))
+                )
+                written.set()
+                release.wait(10)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=rule_uncommitted)
+    thread.start()
+    slice_thread = None
+    try:
+        assert written.wait(10)
+
+        def republish() -> None:
+            # A new version of the pool's slice: its device rows are written with their own taints only.
+            try:
+                ingest.apply_batch(cluster, "ResourceSlice", upserts(slice_record("n1", 5, gpus=2)))
+            finally:
+                connection.close()
+
+        slice_thread = threading.Thread(target=republish)
+        slice_thread.start()
+        slice_thread.join(1)  # waits for the rule batch's read-model lock
+        release.set()
+        slice_thread.join(10)
+        assert not slice_thread.is_alive()
+    finally:
+        release.set()
+        thread.join(10)
+    assert set(Device.objects.filter(cluster=cluster).values_list("tainted", flat=True)) == {True}
+    assert all(g.tainted for g in GpuState.objects.filter(cluster=cluster))
+    assert selectors.fleet_summary().as_dict() == selectors.fleet_summary_per_device().as_dict()

@@ -146,6 +146,24 @@ def test_taint_when_the_only_free_matching_devices_are_tainted() -> None:
     assert diagnose(fleet, claim([tolerant])).category == "fits"
 
 
+def test_taint_names_the_device_taint_rule_that_tainted_the_only_matching_device() -> None:
+    taint = {"key": "example.com/maintenance", "value": "planned", "effect": "NoSchedule"}
+    rule = nvidia.device_taint_rule("drain-a-0", taint, driver="gpu.nvidia.com", pool="a", device="gpu-0")
+    fleet = state(node("a", "H100", gpus=1), rule)
+    result = diagnose(fleet, claim([gpu()]))
+    assert result.category == "taint"
+    assert "example.com/maintenance=planned:NoSchedule by DeviceTaintRule drain-a-0 (1)" in result.summary
+    assert any("DeviceTaintRule drain-a-0" in s for s in result.suggestions)
+    tolerant = gpu(1, tolerations=[{"key": "example.com/maintenance", "operator": "Exists"}])
+    assert diagnose(fleet, claim([tolerant])).category == "fits"
+    # A rule for another pool, or without a selector, taints nothing here.
+    for other in (
+        nvidia.device_taint_rule("elsewhere", taint, pool="b"),
+        nvidia.device_taint_rule("no-selector", taint, selector=False),
+    ):
+        assert diagnose(state(node("a", "H100", gpus=1), other), claim([gpu()])).category == "fits"
+
+
 def test_pool_when_matching_devices_sit_in_an_incomplete_pool() -> None:
     parts = node("a", "H100", gpus=1)
     parts[1]["spec"]["pool"]["resourceSliceCount"] = 2  # the second slice never arrived
@@ -324,3 +342,32 @@ def test_all_mode_on_an_incomplete_pool_aborts_like_the_scheduler() -> None:
     assert result.scheduler_message.endswith(
         "request gpu: asks for all devices, but resource pool gpu.nvidia.com/a is currently being updated"
     )
+
+
+def test_an_allocated_claim_waiting_for_binding_conditions_says_which_and_a_failed_one_says_so() -> None:
+    from claims.diagnosis.binding import binding_waits
+
+    allocated = nvidia.claim_object("team", "bound", [gpu()])
+    result = {
+        "request": "gpu",
+        "driver": "gpu.nvidia.com",
+        "pool": "a",
+        "device": "gpu-0",
+        "bindingConditions": ["example.com/attached"],
+        "bindingFailureConditions": ["example.com/failed"],
+    }
+    allocated["status"] = {"allocation": {"devices": {"results": [result]}}}
+    diagnosis = diagnose(state(node("a", "H100", gpus=1), allocated), allocated)
+    assert diagnosis.summary == (
+        "team/bound is already allocated (1 devices). Binding conditions pending: device "
+        "gpu.nvidia.com/a/gpu-0 of team/bound waits for example.com/attached to be True."
+    )
+    condition = {"type": "example.com/failed", "status": "True"}
+    device = {"driver": "gpu.nvidia.com", "pool": "a", "device": "gpu-0", "conditions": [condition]}
+    allocated["status"]["devices"] = [device]
+    assert binding_waits(allocated) == [
+        "device gpu.nvidia.com/a/gpu-0 of team/bound reports example.com/failed: the scheduler frees the "
+        "allocation and tries again"
+    ]
+    device["conditions"] = [{"type": "example.com/attached", "status": "True"}]
+    assert binding_waits(allocated) == []

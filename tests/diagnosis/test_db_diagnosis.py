@@ -177,3 +177,27 @@ def test_explain_names_an_unknown_cluster() -> None:
         CommandError, match="unknown cluster 'nope' \\(or pass --fleet FILE to run offline\\)"
     ):
         call_command("explain", "a/b", "--cluster", "nope", stdout=StringIO())
+
+
+def test_a_stored_device_taint_rule_taints_the_device_in_the_database_diagnosis(tmp_path: Path) -> None:
+    """Imported like any kind; the diagnosis from the database names the rule, as from the files."""
+    import json
+
+    taint = {"key": "example.com/maintenance", "value": "planned", "effect": "NoExecute"}
+    objects = [
+        *nvidia.device_classes(),
+        nvidia.node_object("a", "H100", gpus=1),
+        *nvidia.node_slices("a", "H100", gpus=1),
+        nvidia.device_taint_rule("drain-a", taint, driver="gpu.nvidia.com", pool="a"),
+        nvidia.claim_object("team", "want", [nvidia.exactly_request("gpu", "gpu.nvidia.com")]),
+    ]
+    path = tmp_path / "fleet.yaml"
+    path.write_text(yaml.safe_dump_all(objects))
+    call_command("import_snapshot", str(path), cluster="ruled", stdout=StringIO())
+    out = StringIO()
+    call_command("explain", "team/want", "--cluster", "ruled", "--json", stdout=out)
+    result = json.loads(out.getvalue())
+    assert result["category"] == "taint"
+    assert "example.com/maintenance=planned:NoExecute by DeviceTaintRule drain-a (1)" in result["summary"]
+    files = FleetState.from_files([path])
+    assert diagnose(files, files.find("ResourceClaim", "team", "want") or {}).summary == result["summary"]

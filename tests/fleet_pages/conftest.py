@@ -94,6 +94,21 @@ class FleetEditor:
                 device.pop("taints", None)
         return self.upsert("ResourceSlice", obj)
 
+    def taint_rule(
+        self, name: str, selector: dict[str, str] | None, effect: str = "NoSchedule"
+    ) -> dict[str, Any]:
+        """Create (or change) a DeviceTaintRule; returns it."""
+        spec: dict[str, Any] = {"taint": {"key": "example.com/maintenance", "value": name, "effect": effect}}
+        if selector is not None:
+            spec["deviceSelector"] = selector
+        rule = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceTaintRule",
+            "metadata": {"name": name, "uid": f"rule-{name}"},
+            "spec": spec,
+        }
+        return self.upsert("DeviceTaintRule", rule)
+
     def deallocate(self, claim: dict[str, Any]) -> dict[str, Any]:
         obj = copy.deepcopy(claim)
         obj.pop("status", None)

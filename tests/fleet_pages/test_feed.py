@@ -317,3 +317,16 @@ def test_warm_up_fills_the_cache_from_its_own_thread(fleet):
     rows = feed.load_rows(FleetFilter())
     assert feed.CACHE.reads == reads  # ... so the first view found them cached
     assert rows == feed.rows_from_devices(FleetFilter())
+
+
+def test_a_device_taint_rule_taints_its_gpu_in_the_next_delta(fleet, events, editor, listening):
+    live = feed.FleetFeed(FleetFilter())
+    live.snapshot()
+    target = editor.gpu_slices()[0]
+    pool = target["spec"]["pool"]["name"]
+    editor.taint_rule("drain", {"pool": pool})
+    assert events[-1]["kind"] == "DeviceTaintRule"
+    assert live.mark(events[-1])  # its event names no pool: the cluster is checked, the pool's slices moved
+    message = live.delta()
+    assert message is not None and {row[1] for row in message["rows"].values()} == {pool}
+    assert feed.load_rows(FleetFilter()) == feed.rows_from_devices(FleetFilter())

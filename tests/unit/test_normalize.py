@@ -377,3 +377,29 @@ def test_memory_quantities_are_read_per_value_type():
     second["capacity"]["memory"] = {"value": True}  # not a quantity: no memory, even though True == 1
     a, b = normalize_slice(obj).devices
     assert (a.memory_bytes, b.memory_bytes) == (1, None)
+
+
+def test_it_normalizes_a_device_taint_rule_and_names_a_missing_taint_key() -> None:
+    from fleet.normalize import normalize_device_taint_rule
+
+    taint = {"key": "example.com/maintenance", "effect": "NoSchedule", "timeAdded": "2026-12-01T00:00:00Z"}
+    rule = nvidia.device_taint_rule("drain", taint, pool="node-a")
+    rule["metadata"]["resourceVersion"] = "7"
+    record = normalize_device_taint_rule(rule)
+    assert record.selector == {"driver": None, "pool": "node-a", "device": None}
+    assert record.taint == taint
+    no_selector = copy.deepcopy(rule)
+    del no_selector["spec"]["deviceSelector"]
+    assert normalize_device_taint_rule(no_selector).selector is None
+    broken = copy.deepcopy(rule)
+    del broken["spec"]["taint"]["key"]
+    with pytest.raises(NormalizeError, match=r"spec\.taint\.key"):
+        normalize_device_taint_rule(broken)
+
+
+def test_a_published_taint_keeps_only_the_api_fields() -> None:
+    taint = {"key": "k", "value": "v", "effect": "NoSchedule", "deviceTaintRule": "forged", "extra": 1}
+    slice_obj = nvidia.node_slices("a", "H100", gpus=1, taints={0: [taint]})[0]
+    slice_obj["metadata"]["resourceVersion"] = "3"
+    (device,) = normalize("ResourceSlice", slice_obj).devices  # type: ignore[union-attr]
+    assert device.taints == [{"key": "k", "value": "v", "effect": "NoSchedule"}]

@@ -63,6 +63,9 @@ def make(kind: str, name: str, namespace: str = "") -> Obj:
             "involvedObject": {"kind": "Pod", "namespace": namespace, "name": "trainer"},
             "count": 1,
         }
+    if kind == "DeviceTaintRule":
+        taint = {"key": "example.com/maintenance", "effect": "NoSchedule"}
+        return for_create(nvidia.device_taint_rule(name, taint, driver="gpu.nvidia.com", pool=name))
     raise ValueError(kind)
 
 

@@ -90,6 +90,7 @@ def test_a_kind_without_list_rights_is_forbidden_and_the_others_sync(control_pla
         ("resource.k8s.io", "resourceslices"),
         ("resource.k8s.io", "resourceclaims"),
         ("resource.k8s.io", "deviceclasses"),
+        ("resource.k8s.io", "devicetaintrules"),
         ("", "nodes"),
         ("", "pods"),
         ("", "events"),

@@ -93,6 +93,9 @@ class Command(BaseCommand):
             raise CommandError(str(exc.args[0])) from None
 
 
+OPTIONAL_KINDS = frozenset({"DeviceTaintRule"})
+
+
 def live_state(kubeconfig: str, context: str) -> FleetState:
     """The fleet as the API server of ``kubeconfig`` lists it now (every kind the watchers read).
     Raises CommandError naming the kubeconfig or the request that failed."""
@@ -103,7 +106,13 @@ def live_state(kubeconfig: str, context: str) -> FleetState:
     objs: list[dict[str, Any]] = []
     try:
         for kind in RESOURCES:
-            objs += source.list(kind)[0]
+            try:
+                objs += source.list(kind)[0]
+            except SourceError as exc:
+                # A cluster before 1.37, or with DRADeviceTaintRules off, serves no rules: none apply.
+                if kind in OPTIONAL_KINDS and str(exc).startswith("404"):
+                    continue
+                raise
     except SourceError as exc:
         raise CommandError(f"listing the fleet from {source.server}: {exc}") from None
     finally:
