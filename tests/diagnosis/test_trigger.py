@@ -114,7 +114,7 @@ def test_a_fleet_change_alone_recomputes_the_stored_diagnosis(
             ) from None
         assert NODE in fits[1], fits
         logs = "".join(w.output() for w in workers)
-        assert "claims.tasks.recompute_diagnoses" in logs
+        assert "claims.tasks.update_diagnoses" in logs
         assert "Traceback" not in logs, logs[-4000:]
     finally:
         for worker in workers:
