@@ -46,6 +46,7 @@ log = logging.getLogger(__name__)
 DEBOUNCE_SECONDS = 5  # a full recompute asked for again while one runs follows it after this long
 UPDATE_WINDOW = 0.5  # seconds: changes inside this window are applied by one update
 RELEVANT_KINDS = frozenset({"ResourceSlice", "DeviceClass", "ResourceClaim", "Pod", "Node"})
+PREPARE_ABOVE = 20  # claims to diagnose in one update above which the fleet's indexes are built up front
 _local_marks: dict[str, float] = {}
 
 
@@ -298,6 +299,8 @@ def _update(cluster: str, now: str | None) -> dict[str, int]:
     live.state = state
     before.release()
     chosen = set(pending) if keys is None else keys & set(pending)
+    if len(chosen) > PREPARE_ABOVE:
+        prepare(state)  # the per-fleet indexes at once, as the full recompute does; lazily otherwise
     return _diagnose_some(cluster, state, [pending[k] for k in chosen], at)
 
 

@@ -301,10 +301,11 @@ def stored(cluster: str) -> dict[tuple[str, str], str]:
 
 
 def fresh(cluster: str) -> dict[tuple[str, str], str]:
-    """Every pending claim diagnosed on a fleet loaded from the database now, as the stored JSON."""
-    state = FleetState.from_db(cluster, lean=True)
+    """Every pending claim diagnosed on a fleet loaded from the database now, as the stored JSON. Each
+    on a state of its own: nothing one diagnosis caches on a state can then leak into another's."""
     out = {}
     for claim in ResourceClaim.objects.filter(cluster__name=cluster, state="pending"):
+        state = FleetState.from_db(cluster, lean=True)
         result = json.loads(json.dumps(diagnose(state, {**claim.raw, "kind": "ResourceClaim"}).as_dict()))
         out[(claim.namespace, claim.name)] = json.dumps(
             [result["category"], result["summary"], result], sort_keys=True
@@ -320,6 +321,7 @@ def quiet(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         pytest.fail(f"the incremental diagnosis test needs PostgreSQL, got {connection.vendor}")
     monkeypatch.setattr(tasks.update_diagnoses, "apply_async", lambda *a, **kw: None)
     monkeypatch.setattr(tasks, "notify_pending_changed", lambda cluster: None)
+    monkeypatch.setattr(tasks, "PREPARE_ABOVE", tasks.PREPARE_ABOVE)  # run_stream picks its own
     tasks.forget()
     yield
     tasks.forget()
@@ -340,6 +342,8 @@ def run_stream(seed: int) -> None:
         fleet.allocate()
     for _ in range(6):
         fleet.add_pending()
+    # Updates with the fleet's indexes built up front (as on a large change) or lazily: alike.
+    tasks.PREPARE_ABOVE = rng.choice([0, 3, 1000])
     tasks.update_diagnoses(name)  # the first update of a process: the full recompute
     done: list[str] = []
     for step in range(STEPS):
