@@ -13,6 +13,7 @@ how many claims were diagnosed and written, and the load average. Changes the da
 from __future__ import annotations
 
 import copy
+import json
 import os
 import statistics
 import sys
@@ -73,6 +74,14 @@ def main(argv: list[str]) -> int:
     tasks.recompute_diagnoses(CLUSTER)
     full = time.perf_counter() - t
     print(f"full recompute (baseline): {full:.2f} s for {pending} pending claims, load {os.getloadavg()}")
+    # The shared diagnosis of a shape is each claim's own: a sample diagnosed alone, on the same state.
+    state = tasks._live[CLUSTER].state
+    shapes = tasks.Shapes(state)
+    sample = ResourceClaim.objects.filter(cluster=cluster, state="pending").order_by("?")[:40]
+    for row in sample:
+        alone = json.loads(json.dumps(tasks.diagnosis_of(state, row)))
+        assert shapes.of(row) == alone, f"{row.name}: the shared diagnosis differs from its own"
+    print(f"shared diagnoses of {len(sample)} sampled claims equal their own ({len(shapes.done)} shapes)")
     took: list[float] = []
     gpu_slices = ResourceSlice.objects.filter(cluster=cluster, device_count__gt=0, driver="gpu.nvidia.com")
     slices = list(gpu_slices.order_by("name")[:rounds])
