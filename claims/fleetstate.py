@@ -369,8 +369,11 @@ def _stored(kind: str, rows: Any, shared: dict[Any, Any] | None) -> list[Obj]:
     from django.db.models import TextField
     from django.db.models.functions import Cast
 
+    # Name, then namespace: a total order, so every load (and claims.livestate) lists a kind alike.
+    namespaced = any(f.name == "namespace" for f in rows.model._meta.fields)
+    order = ("name", "namespace") if namespaced else ("name",)
     texts = (
-        rows.order_by("name")
+        rows.order_by(*order)
         .annotate(raw_text=Cast("raw", TextField()))
         .values_list("raw_text", flat=True)
         .iterator(chunk_size=FETCH_CHUNK)

@@ -1,42 +1,56 @@
-"""Debounced recomputation of pending-claim diagnoses.
+"""The stored diagnoses of pending claims, kept up to date incrementally.
 
-``request_recompute(cluster, kind)`` is called on every relevant fleet change (slices, classes, claims,
-pods, nodes). The first call within ``DEBOUNCE_SECONDS`` enqueues ``recompute_diagnoses`` with that
-countdown; later calls in the window are absorbed (a Redis ``SET NX EX`` marker, or an in-process one when
-Redis is not configured). The task diagnoses every pending claim of the cluster on one fleet snapshot and
-stores each result with its time; stale rows of claims that are no longer pending are removed. It takes
-a cluster name and is idempotent.
+Every relevant fleet change (slices, classes, claims, pods, nodes) is appended to the cluster's change log
+(``claims.changelog``) by ``on_fleet_change``, which then asks for ``update_diagnoses`` within
+``UPDATE_WINDOW`` seconds (a Redis ``SET NX PX`` marker absorbs the calls in between, or an in-process one
+when Redis is not configured). Each default-worker process keeps the lean fleet of each cluster in memory
+(``claims.livestate``): an update applies the logged events to it, diagnoses again only the pending claims
+the events reached (their own object or pods, the device groups of their classes in the pools that
+changed, or everything when a class, a node, a pool problem or a relist changed), writes the diagnoses
+that differ from the stored ones and tells open pending pages (``/ws/pending/``).
+
+``recompute_diagnoses`` is the full recompute: it reloads the fleet and diagnoses every pending claim. It
+runs when a process has no fleet yet (a restart) or lost events, after an import, and periodically as a
+check (``check_diagnoses``, beat, every ``CLAIMSCOPE_DIAGNOSIS_CHECK_SECONDS``), logging any diagnosis the
+incremental path held differently. Both take a cluster name, are idempotent, and run once per cluster at a
+time.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 from uuid import uuid4
 
+import orjson
 from celery import shared_task
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from claims import history
+from claims import changelog, history
 from claims.causes import Pending, cause_of
 from claims.consumers import notify_pending_changed
 from claims.diagnosis import diagnose, prepare
 from claims.fleetstate import FleetState
+from claims.livestate import LiveFleet, affected
 from claims.models import ClaimDiagnosis, PendingCause
-from fleet.models import ResourceClaim
+from fleet.models import Cluster, ResourceClaim
 
 log = logging.getLogger(__name__)
 
-DEBOUNCE_SECONDS = 5
+DEBOUNCE_SECONDS = 5  # a full recompute asked for again while one runs follows it after this long
+UPDATE_WINDOW = 0.5  # seconds: changes inside this window are applied by one update
 RELEVANT_KINDS = frozenset(
     {"ResourceSlice", "DeviceClass", "ResourceClaim", "Pod", "Node", "DeviceTaintRule"}
 )
+PREPARE_ABOVE = 20  # claims to diagnose in one update above which the fleet's indexes are built up front
 _local_marks: dict[str, float] = {}
 
 
@@ -45,56 +59,122 @@ def _marker(cluster: str) -> str:
 
 
 def _claim_window(cluster: str) -> bool:
-    """True if this call opens a new debounce window (and so must enqueue the task)."""
+    """True if this call opens a new window (and so must enqueue the update)."""
     url = getattr(settings, "REDIS_URL", None)
     if url:
         import redis
 
         try:
             client = redis.Redis.from_url(url)
-            return bool(client.set(_marker(cluster), "1", nx=True, ex=DEBOUNCE_SECONDS))
+            return bool(client.set(_marker(cluster), "1", nx=True, px=int(UPDATE_WINDOW * 1000)))
         except redis.RedisError:
-            log.warning("redis unavailable; diagnoses of %s recomputed without debounce", cluster)
+            log.warning("redis unavailable; diagnoses of %s updated without a window", cluster)
             return True
     now = time.monotonic()
-    if now - _local_marks.get(cluster, -DEBOUNCE_SECONDS) < DEBOUNCE_SECONDS:
+    if now - _local_marks.get(cluster, -UPDATE_WINDOW) < UPDATE_WINDOW:
         return False
     _local_marks[cluster] = now
     return True
 
 
-def request_recompute(cluster: str, kind: str = "") -> bool:
-    """Ask for the diagnoses of ``cluster`` to be recomputed soon; returns True if a task was enqueued."""
+def request_update(cluster: str, kind: str = "") -> bool:
+    """Ask for the diagnoses of ``cluster`` to be updated soon; returns True if a task was enqueued."""
     if kind and kind not in RELEVANT_KINDS:
         return False
     if not _claim_window(cluster):
         return False
-    transaction.on_commit(lambda: recompute_diagnoses.apply_async(args=[cluster], countdown=DEBOUNCE_SECONDS))
+    transaction.on_commit(lambda: update_diagnoses.apply_async(args=[cluster], countdown=UPDATE_WINDOW))
     return True
 
 
 def on_fleet_change(event: dict[str, Any]) -> bool:
-    """Hook for ingest's ``fleet.change`` events (``{"cluster", "kind", ...}``). A finished import
-    (``"imported"``) recomputes at once: its first batch may have opened a window whose task (run at once
-    where tasks run in-process) saw none of the later batches."""
+    """Hook for ingest's ``fleet.change`` events (``{"cluster", "kind", ...}``), called after commit: the
+    event goes to the cluster's change log and an update is asked for. A finished import (``"imported"``)
+    is logged too (the update then reloads everything) and updates at once: its first batch may have
+    opened a window whose task (run at once where tasks run in-process) saw none of the later batches."""
     cluster = str(event.get("cluster", ""))
+    kind = str(event.get("kind", ""))
+    if not event.get("imported") and kind not in RELEVANT_KINDS:
+        return False
+    changelog.append(cluster, event)
     if event.get("imported"):
-        transaction.on_commit(lambda: recompute_diagnoses.apply_async(args=[cluster]))
+        transaction.on_commit(lambda: update_diagnoses.apply_async(args=[cluster]))
         return True
-    return request_recompute(cluster, str(event.get("kind", "")))
+    return request_update(cluster, kind)
+
+
+def diagnosis_of(state: FleetState, claim: ResourceClaim) -> dict[str, Any]:
+    """The diagnosis of one stored claim on ``state``, as stored (``ClaimDiagnosis.result``)."""
+    return diagnose(state, {**claim.raw, "kind": "ResourceClaim"}).as_dict()
+
+
+# A name and uid no claim has: a claim shape is diagnosed once under these, and each claim of the shape
+# gets that result with its own name and uid put back (see Shapes).
+SHAPE_NAME, SHAPE_UID = "claimscope-shape-5f0c2a9e", "claimscope-shape-uid-5f0c2a9e"
+_OWN_META = frozenset({"name", "uid", "creationTimestamp", "resourceVersion", "generation", "managedFields"})
+
+
+class Shapes:
+    """Diagnoses of the claims of one state, shared between claims of the same shape.
+
+    Pending claims come in few shapes (a job's claims are alike, thousands at a time), and what a claim's
+    diagnosis reads of the claim itself, apart from its name and uid, is the rest of it. A claim that
+    pods use is diagnosed alone (the pods are read too). Sharing is checked by the random-stream test,
+    which diagnoses every claim alone on a state of its own."""
+
+    def __init__(self, state: FleetState) -> None:
+        self.state = state
+        self.done: dict[bytes, str] = {}
+
+    def of(self, claim: ResourceClaim) -> dict[str, Any]:
+        raw = {**claim.raw, "kind": "ResourceClaim"}
+        meta = raw.get("metadata") or {}
+        name, uid = str(meta.get("name") or ""), str(meta.get("uid") or "")
+        if not name or self.state.pods_of_claim(raw):
+            return diagnose(self.state, raw).as_dict()
+        own = {k: v for k, v in meta.items() if k not in _OWN_META}
+        key = orjson.dumps({**raw, "metadata": {**own, "uid": bool(uid)}}, option=orjson.OPT_SORT_KEYS)
+        if SHAPE_NAME.encode() in key or SHAPE_UID.encode() in key:
+            return diagnose(self.state, raw).as_dict()
+        text = self.done.get(key)
+        if text is None:
+            canonical = {**raw, "metadata": {**meta, "name": SHAPE_NAME, "uid": SHAPE_UID if uid else ""}}
+            if not uid:
+                del canonical["metadata"]["uid"]
+            text = self.done[key] = json.dumps(diagnose(self.state, canonical).as_dict())
+        # Names and uids are DNS labels and UUIDs: nothing to escape in JSON.
+        return dict(json.loads(text.replace(SHAPE_NAME, name).replace(SHAPE_UID, uid)))
 
 
 def store_diagnosis(state: FleetState, claim: ResourceClaim, now: datetime | None = None) -> ClaimDiagnosis:
     """Diagnose one claim on ``state`` and store the result with its time (default: now)."""
-    raw = {**claim.raw, "kind": "ResourceClaim"}
-    result = diagnose(state, raw).as_dict()
+    return _store(claim, diagnosis_of(state, claim), now or timezone.now())
+
+
+def _store_many(results: list[tuple[ResourceClaim, dict[str, Any]]], at: datetime) -> list[ClaimDiagnosis]:
+    """Store the diagnoses of many claims in one statement (an update of a large change writes ~1,000)."""
+    rows = [
+        ClaimDiagnosis(claim=c, category=r["category"], summary=r["summary"], result=r, computed_at=at)
+        for c, r in results
+    ]
+    ClaimDiagnosis.objects.bulk_create(
+        rows,
+        batch_size=500,
+        update_conflicts=True,
+        unique_fields=["claim"],
+        update_fields=["category", "summary", "result", "computed_at"],
+    )
+    return rows
+
+
+def _store(claim: ResourceClaim, result: dict[str, Any], at: datetime) -> ClaimDiagnosis:
     stored, _ = ClaimDiagnosis.objects.update_or_create(
         claim=claim,
         defaults={
             "category": result["category"],
             "summary": result["summary"],
             "result": result,
-            "computed_at": now or timezone.now(),
+            "computed_at": at,
         },
     )
     return stored
@@ -172,51 +252,178 @@ def _single_flight(cluster: str) -> Iterator[bool]:
         try:
             client.eval(_RELEASE, 1, key, token)
             if client.delete(rerun):
-                recompute_diagnoses.apply_async(args=[cluster], countdown=DEBOUNCE_SECONDS)
+                update_diagnoses.apply_async(args=[cluster])
         except redis.RedisError:
             log.warning("redis unavailable; the lock of %s expires by itself", cluster)
 
 
+@dataclass
+class _Live:
+    """A process's fleet of one cluster: its objects, the state of its last update, its log position."""
+
+    fleet: LiveFleet
+    state: FleetState
+    position: changelog.Position
+
+
+_live: dict[str, _Live] = {}  # by cluster, per worker process
+
+
+def forget(cluster: str | None = None) -> None:
+    """Drop this process's fleet of ``cluster`` (of every cluster when None): the next update reloads."""
+    for name in [cluster] if cluster else list(_live):
+        gone = _live.pop(name, None)
+        if gone is not None:
+            gone.state.release()
+
+
+@shared_task(bind=True, ignore_result=True)
+def update_diagnoses(self: Any, cluster: str, now: str | None = None) -> dict[str, int]:
+    """Apply the logged fleet changes of ``cluster`` to this process's fleet and store the diagnoses they
+    changed; a full recompute when this process has no fleet of ``cluster`` or lost events. Returns
+    counts ("diagnosed", "written", "removed", "full")."""
+    if self.request.called_directly:
+        return _update(cluster, now)
+    with _single_flight(cluster) as mine:
+        return _update(cluster, now) if mine else {}
+
+
 @shared_task(bind=True, ignore_result=True)
 def recompute_diagnoses(self: Any, cluster: str, now: str | None = None) -> dict[str, int]:
-    """Diagnose every pending claim of ``cluster``; returns counts per category. ``now`` (ISO 8601, default
-    the current time) stamps the results: a replay of a simulated weekend passes its simulated time.
-    As a Celery task it runs once per cluster at a time (:func:`_single_flight`); called as a function
-    (tests, replays) it just runs."""
+    """Reload the fleet of ``cluster`` and diagnose every pending claim; returns counts per category.
+    ``now`` (ISO 8601, default the current time) stamps the results: a replay of a simulated weekend
+    passes its simulated time. As a Celery task it runs once per cluster at a time
+    (:func:`_single_flight`); called as a function (tests, replays) it just runs."""
     if self.request.called_directly:
         return _recompute(cluster, now)
     with _single_flight(cluster) as mine:
         return _recompute(cluster, now) if mine else {}
 
 
+@shared_task(ignore_result=True)
+def check_diagnoses() -> int:
+    """Beat: a full recompute of every cluster, the check of the incremental path."""
+    names = list(Cluster.objects.values_list("name", flat=True))
+    for name in names:
+        recompute_diagnoses.delay(name)
+    return len(names)
+
+
+def _at(now: str | None) -> datetime:
+    return datetime.fromisoformat(now) if now else timezone.now()
+
+
 def _recompute(cluster: str, now: str | None) -> dict[str, int]:
-    at = datetime.fromisoformat(now) if now else timezone.now()
+    at = _at(now)
+    forget(cluster)
+    position = changelog.position(cluster)  # before the load: what follows it is applied (twice is harmless)
     try:
-        # Lean: each claim is diagnosed from its own row (store_diagnosis), never looked up in the state.
-        state = FleetState.from_db(cluster, lean=True)
+        fleet = LiveFleet.load(cluster)
     except LookupError:
         log.warning("recompute_diagnoses: unknown cluster %s", cluster)
         return {}
-    with state:  # released now, not at the cyclic collector's next full run (FleetState.release)
-        return _diagnose_pending(cluster, state, at)
+    state = fleet.state()
+    _live[cluster] = _Live(fleet, state, position)
+    return _diagnose_pending(cluster, state, at)
+
+
+def _update(cluster: str, now: str | None) -> dict[str, int]:
+    live = _live.get(cluster)
+    if live is not None and not Cluster.objects.filter(name=cluster, pk=live.fleet.cluster_id).exists():
+        forget(cluster)  # the cluster was dropped (and maybe added again): its fleet is another one
+        live = None
+    if live is None:
+        return {**_recompute(cluster, now), "full": 1}
+    try:
+        events, position = changelog.read(cluster, live.position)
+    except changelog.Gap:
+        log.warning("update_diagnoses: change events of %s were dropped; recomputing all", cluster)
+        return {**_recompute(cluster, now), "full": 1}
+    reach = live.fleet.apply(events)
+    live.position = position
+    if not reach:
+        return {"diagnosed": 0, "written": 0, "removed": 0}
+    at = _at(now)
+    before, state = live.state, live.fleet.state()
+    pending = dict(
+        ((ns, name), pk)
+        for pk, ns, name in ResourceClaim.objects.filter(cluster_id=live.fleet.cluster_id, state="pending")
+        .values_list("id", "namespace", "name")
+        .iterator()
+    )
+    claims = live.fleet.objects["ResourceClaim"]
+    objs = {k: claims.get(k) or {} for k in pending}
+    keys = affected(before, state, reach, objs)
+    live.state = state
+    before.release()
+    chosen = set(pending) if keys is None else keys & set(pending)
+    if len(chosen) > PREPARE_ABOVE:
+        prepare(state)  # the per-fleet indexes at once, as the full recompute does; lazily otherwise
+    return _diagnose_some(cluster, state, [pending[k] for k in chosen], at)
+
+
+def _diagnose_some(cluster: str, state: FleetState, ids: list[int], at: datetime) -> dict[str, int]:
+    """Diagnose the pending claims ``ids``; store those whose diagnosis differs from the stored one, and
+    drop the diagnoses of claims no longer pending."""
+    rows = list(ResourceClaim.objects.filter(id__in=ids, state="pending").order_by("id")) if ids else []
+    stored = {
+        d["claim_id"]: d
+        for d in ClaimDiagnosis.objects.filter(claim_id__in=[c.pk for c in rows]).values(
+            "claim_id", "category", "summary", "result"
+        )
+    }
+    differ: list[tuple[ResourceClaim, dict[str, Any]]] = []
+    shapes = Shapes(state)
+    for claim in rows:
+        result = shapes.of(claim)
+        old = stored.get(claim.pk)
+        if old is None or (old["category"], old["summary"], old["result"]) != (
+            result["category"],
+            result["summary"],
+            result,
+        ):
+            differ.append((claim, result))
+    with transaction.atomic():
+        changed = _store_many(differ, at)
+        record_causes(cluster, changed, at)
+        removed, _ = (
+            ClaimDiagnosis.objects.filter(claim__cluster__name=cluster)
+            .exclude(claim__state="pending")
+            .delete()
+        )
+        if changed or removed:
+            transaction.on_commit(lambda: notify_pending_changed(cluster))
+    return {"diagnosed": len(rows), "written": len(changed), "removed": removed}
 
 
 def _diagnose_pending(cluster: str, state: FleetState, at: datetime) -> dict[str, int]:
     pending = list(ResourceClaim.objects.filter(cluster__name=cluster, state="pending").order_by("id"))
     if pending:
         prepare(state)
+    held = {
+        d["claim_id"]: d["result"]
+        for d in ClaimDiagnosis.objects.filter(claim__cluster__name=cluster).values("claim_id", "result")
+    }
     counts: dict[str, int] = {}
-    diagnosed = []
+    results = []
+    drifted = 0
+    shapes = Shapes(state)
+    for claim in pending:
+        result = shapes.of(claim)
+        if claim.pk in held and held[claim.pk] != result:
+            drifted += 1
+        results.append((claim, result))
+        counts[result["category"]] = counts.get(result["category"], 0) + 1
     # One transaction: a page never shows half old, half new diagnoses of one fleet state.
     with transaction.atomic():
-        for claim in pending:
-            stored = store_diagnosis(state, claim, at)
-            diagnosed.append(stored)
-            counts[stored.category] = counts.get(stored.category, 0) + 1
+        diagnosed = _store_many(results, at)
         record_causes(cluster, diagnosed, at)
         ClaimDiagnosis.objects.filter(claim__cluster__name=cluster).exclude(claim__state="pending").delete()
         # Open pending pages refetch their rows (claims.consumers); after commit, like every side effect.
         transaction.on_commit(lambda: notify_pending_changed(cluster))
+    if drifted:
+        # The incremental path (or a change it has not applied yet) held these differently.
+        log.warning("recompute_diagnoses: %d stored diagnoses of %s were out of date", drifted, cluster)
     return counts
 
 

@@ -184,6 +184,15 @@ CELERY_BEAT_SCHEDULE |= {
     "claim-history-prune": {"task": "claims.tasks.prune_claim_history", "schedule": 86400.0},
 }
 CLAIMSCOPE_CLAIM_HISTORY_DAYS = env_int("CLAIMSCOPE_CLAIM_HISTORY_DAYS", 400, minimum=1)
+# Pending-claim diagnoses are updated incrementally from the change events (claims/tasks.py); a full
+# recompute of every cluster checks them this often.
+CLAIMSCOPE_DIAGNOSIS_CHECK_SECONDS = env_int("CLAIMSCOPE_DIAGNOSIS_CHECK_SECONDS", 900, minimum=60)
+CELERY_BEAT_SCHEDULE |= {
+    "diagnosis-check": {
+        "task": "claims.tasks.check_diagnoses",
+        "schedule": float(CLAIMSCOPE_DIAGNOSIS_CHECK_SECONDS),
+    },
+}
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},

@@ -87,12 +87,25 @@ def place(
 
 def invalid_pools(state: FleetState, ctx: Context, nodes: set[str] | None) -> list[str]:
     """Problems of invalid pools with devices on the nodes the pod may use (all nodes when None)."""
-    found = set()
-    for info in state.devices():
-        problem = ctx.pool_problem.get((info.key[0], info.key[1]), "")
-        if " is invalid: " in problem and (nodes is None or not info.node or info.node in nodes):
-            found.add(problem)
-    return sorted(found)
+    where = _invalid_pool_nodes(state, ctx)
+    return sorted(p for p, on in where.items() if nodes is None or "" in on or on & nodes)
+
+
+def _invalid_pool_nodes(state: FleetState, ctx: Context) -> dict[str, set[str]]:
+    """Each invalid pool's problem -> the nodes of its devices ("" for node-less ones); once per state
+    (every unschedulable claim asks, and walking every device per claim cost most of a recompute)."""
+    cached: dict[str, set[str]] | None = ctx.__dict__.get("_invalid_pool_nodes")
+    if cached is not None:
+        return cached
+    invalid = {pool: p for pool, p in ctx.pool_problem.items() if " is invalid: " in p}
+    found: dict[str, set[str]] = {}
+    if invalid:
+        for info in state.devices():
+            problem = invalid.get((info.key[0], info.key[1]))
+            if problem:
+                found.setdefault(problem, set()).add(info.node)
+    ctx.__dict__["_invalid_pool_nodes"] = found
+    return found
 
 
 def fits_diagnosis(

@@ -205,9 +205,9 @@ def test_after_an_import_with_replace_every_pending_claim_is_diagnosed(
     from claims import tasks
 
     def run_now(args, countdown=0):
-        return tasks.recompute_diagnoses(*args)
+        return tasks.update_diagnoses(*args)
 
-    monkeypatch.setattr(tasks.recompute_diagnoses, "apply_async", run_now)
+    monkeypatch.setattr(tasks.update_diagnoses, "apply_async", run_now)
     monkeypatch.setattr(tasks, "_local_marks", {})
     monkeypatch.setattr(tasks.settings, "REDIS_URL", None)  # the in-process debounce, as in make demo
     with django_capture_on_commit_callbacks(execute=True):

@@ -68,7 +68,7 @@ def test_a_recompute_task_waits_its_turn_and_the_running_one_enqueues_the_rerun(
     running, rerun = "claimscope:diagnoses:running:fixtures", "claimscope:diagnoses:rerun:fixtures"
     client.delete(running, rerun)
     enqueued: list[Any] = []
-    monkeypatch.setattr(tasks.recompute_diagnoses, "apply_async", lambda **kw: enqueued.append(kw))
+    monkeypatch.setattr(tasks.update_diagnoses, "apply_async", lambda **kw: enqueued.append(kw))
 
     client.set(running, "another-worker", ex=60)  # a recompute of the cluster is running elsewhere
     assert tasks.recompute_diagnoses.apply(args=["fixtures"]).get() == {}
@@ -80,7 +80,7 @@ def test_a_recompute_task_waits_its_turn_and_the_running_one_enqueues_the_rerun(
         "no-match": 1,
         "cel-error": 1,
     }
-    assert enqueued == [{"args": ["fixtures"], "countdown": tasks.DEBOUNCE_SECONDS}]
+    assert enqueued == [{"args": ["fixtures"]}]  # an update: it applies what changed meanwhile
     assert client.get(running) is None and client.get(rerun) is None  # released, flag consumed
 
 

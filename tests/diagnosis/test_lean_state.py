@@ -17,6 +17,7 @@ from django.db import connection
 from claims import fleetstate, tasks
 from claims.diagnosis import diagnose
 from claims.fleetstate import FleetState, decode_json, lean_object, share_values
+from claims.livestate import LiveFleet
 from fleet.models import ResourceClaim
 
 FLEET = Path(__file__).resolve().parents[1] / "fixtures" / "fleet-small.yaml"
@@ -105,13 +106,26 @@ def collector_off() -> Iterator[None]:
         gc.enable()
 
 
-def test_the_task_frees_its_fleet_without_the_cyclic_collector(
-    imported: None, collector_off: None, from_db_spy: list[weakref.ref[Any]]
+def test_a_recompute_frees_the_fleet_it_replaces_without_the_cyclic_collector(
+    imported: None, collector_off: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # A worker keeps one fleet per cluster (claims.livestate); the one a recompute replaces must go at
+    # once, not at the collector's next full run (two fleets in memory: issue 11's 3.9 GB child).
+    seen: list[weakref.ref[Any]] = []
+    original = LiveFleet.state
+
+    def spy(self: LiveFleet) -> FleetState:
+        state = original(self)
+        seen.append(weakref.ref(state))
+        return state
+
+    monkeypatch.setattr(LiveFleet, "state", spy)
+    tasks.forget()
     assert tasks.recompute_diagnoses("fixtures")
-    assert (
-        from_db_spy and from_db_spy[0]() is None
-    )  # the context <-> state cycle was broken: freed by refcounting
+    assert tasks.recompute_diagnoses("fixtures")
+    tasks.forget()
+    assert len(seen) == 2
+    assert [ref() for ref in seen] == [None, None]  # freed by refcounting: released, cycle broken
 
 
 @pytest.fixture

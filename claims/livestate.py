@@ -1,0 +1,205 @@
+"""The lean fleet of one cluster kept in memory and brought up to date by ingest's change events.
+
+A change event names the keys a committed batch wrote and deleted (``fleet.ingest.events.change_event``);
+:meth:`LiveFleet.apply` reads just those rows back (their stored raw JSON, made lean exactly as
+``FleetState.from_db(lean=True)`` does) instead of the whole fleet, and says what the batch reached: the
+pools whose devices or holders changed (old and new), the claims whose own object or pods changed, or
+everything (a relist, a class or node change). :func:`affected` turns that into the pending claims to
+diagnose again (``claims.diagnosis.footprint``). Reading and deciding only: the diagnosis task
+(``claims.tasks``) writes.
+
+Applying an event twice is harmless (the rows are read back as they are now), so a worker that is not
+sure which events it saw reloads, or replays a few too many.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from claims.diagnosis.footprint import GroupKey, class_groups, class_names, fleet_wide, pool_groups
+from claims.fleetstate import KINDS, FleetState, Obj, _stored, claim_results
+
+Key = tuple[str, str]  # (namespace, name); namespace "" for cluster-scoped kinds
+# Kinds a pending claim's diagnosis reads; a template or an event never changes one.
+READ = ("ResourceSlice", "DeviceClass", "Node", "ResourceClaim", "Pod", "DeviceTaintRule")  # from_db's order
+FETCH_KEYS = 500  # keys per query when reading changed rows back
+
+
+def _models() -> dict[str, Any]:
+    from fleet import models as fm
+
+    return {
+        "ResourceSlice": fm.ResourceSlice,
+        "DeviceClass": fm.DeviceClass,
+        "DeviceTaintRule": fm.DeviceTaintRule,
+        "Node": fm.Node,
+        "ResourceClaim": fm.ResourceClaim,
+        "ResourceClaimTemplate": fm.ResourceClaimTemplate,
+        "Pod": fm.Pod,
+        "Event": fm.SchedulingEvent,
+    }
+
+
+def key_of(obj: Obj) -> Key:
+    meta = obj.get("metadata") or {}
+    return str(meta.get("namespace") or ""), str(meta.get("name") or "")
+
+
+def parse_key(text: str) -> Key:
+    """An event's ``"namespace/name"`` or ``"name"``."""
+    ns, sep, name = text.partition("/")
+    return (ns, name) if sep else ("", ns)
+
+
+@dataclass
+class Reach:
+    """What a set of change events reached."""
+
+    everything: bool = False
+    pools: set[tuple[str, str]] = field(default_factory=set)
+    claims: set[Key] = field(default_factory=set)  # claims whose own object or pods changed
+
+    def __bool__(self) -> bool:
+        return self.everything or bool(self.pools or self.claims)
+
+
+def _claim_pools(claim: Obj | None) -> set[tuple[str, str]]:
+    return {(str(r.get("driver", "")), str(r.get("pool", ""))) for r in claim_results(claim or {})}
+
+
+def _slice_pool(obj: Obj | None) -> set[tuple[str, str]]:
+    spec = (obj or {}).get("spec") or {}
+    return {(str(spec.get("driver", "")), str((spec.get("pool") or {}).get("name", "")))} if obj else set()
+
+
+def _pod_claims(pod: Obj | None) -> set[Key]:
+    if not pod:
+        return set()
+    ns = str((pod.get("metadata") or {}).get("namespace", ""))
+    statuses = (pod.get("status") or {}).get("resourceClaimStatuses") or []
+    names = {st.get("resourceClaimName") for st in statuses}
+    names |= {rc.get("resourceClaimName") for rc in (pod.get("spec") or {}).get("resourceClaims") or []}
+    return {(ns, str(n)) for n in names if n}
+
+
+@dataclass
+class LiveFleet:
+    """The lean objects of one cluster by kind and key."""
+
+    cluster: str
+    cluster_id: int
+    objects: dict[str, dict[Key, Obj]] = field(default_factory=lambda: {k: {} for k in KINDS})
+    shared: dict[Any, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def load(cls, cluster: str) -> LiveFleet:
+        """Every object of ``cluster`` the diagnosis reads. Raises LookupError for an unknown cluster."""
+        from fleet.kube.reflector import cyclic_gc_paused
+        from fleet.models import Cluster
+
+        found = Cluster.objects.filter(name=cluster).first()
+        if found is None:
+            raise LookupError(f"unknown cluster {cluster!r}")
+        live = cls(cluster, found.pk)
+        with cyclic_gc_paused():
+            for kind in READ:
+                live._reload(kind)
+        return live
+
+    def _reload(self, kind: str) -> None:
+        rows = _models()[kind].objects.filter(cluster_id=self.cluster_id)
+        self.objects[kind] = {key_of(o): o for o in _stored(kind, rows, self.shared)}
+
+    def _read(self, kind: str, keys: list[Key]) -> dict[Key, Obj]:
+        model = _models()[kind]
+        namespaced = any(f.name == "namespace" for f in model._meta.fields)
+        wanted = set(keys)
+        out: dict[Key, Obj] = {}
+        for start in range(0, len(keys), FETCH_KEYS):
+            chunk = keys[start : start + FETCH_KEYS]
+            rows = model.objects.filter(cluster_id=self.cluster_id, name__in={n for _, n in chunk})
+            if namespaced:
+                rows = rows.filter(namespace__in={ns for ns, _ in chunk})
+            for obj in _stored(kind, rows, self.shared):
+                key = key_of(obj)
+                if key in wanted:
+                    out[key] = obj
+        return out
+
+    def state(self) -> FleetState:
+        """A FleetState of the current objects, each kind in the order ``FleetState.from_db`` lists it."""
+        objs: list[Obj] = []
+        for kind in READ:
+            objs += [o for _, o in sorted(self.objects[kind].items(), key=lambda kv: (kv[0][1], kv[0][0]))]
+        return FleetState.from_objects(objs, cluster=self.cluster)
+
+    def apply(self, events: Iterable[dict[str, Any]]) -> Reach:
+        """Bring the objects up to date with ``events`` (this cluster's ``fleet.change`` events, in commit
+        order); returns what they reached."""
+        reach = Reach()
+        written: dict[str, set[Key]] = {}
+        for event in events:
+            kind = str(event.get("kind", ""))
+            if event.get("imported") or (kind in READ and event.get("resync")):
+                reach.everything = True
+                for k in [kind] if kind in READ else READ:
+                    self._reload(k)
+                    written.pop(k, None)
+                continue
+            if kind not in READ:
+                continue
+            keys = written.setdefault(kind, set())
+            keys.update(parse_key(k) for k in [*event.get("written", []), *event.get("deleted", [])])
+        for kind, keys in written.items():
+            if not keys:
+                continue
+            table = self.objects[kind]
+            fresh = self._read(kind, sorted(keys))
+            for key in keys:
+                old, new = table.get(key), fresh.get(key)
+                if new is None:
+                    table.pop(key, None)
+                else:
+                    table[key] = new
+                if old == new:
+                    continue
+                if kind in ("DeviceClass", "Node", "DeviceTaintRule"):  # a rule may taint any pool
+                    reach.everything = True
+                elif kind == "ResourceSlice":
+                    reach.pools |= _slice_pool(old) | _slice_pool(new)
+                elif kind == "ResourceClaim":
+                    reach.claims.add(key)
+                    reach.pools |= _claim_pools(old) | _claim_pools(new)
+                elif kind == "Pod":
+                    reach.claims |= _pod_claims(old) | _pod_claims(new)
+        return reach
+
+
+def affected(before: FleetState, after: FleetState, reach: Reach, pending: dict[Key, Obj]) -> set[Key] | None:
+    """The pending claims (``pending``: key -> claim object) whose diagnosis ``reach`` may have changed,
+    between the fleet ``before`` and ``after`` the events; None when every one may have."""
+    if reach.everything:
+        return None
+    out = {k for k in reach.claims if k in pending}
+    if not reach.pools:
+        return out
+    if fleet_wide(before) != fleet_wide(after):
+        return None
+    touched: set[GroupKey] = set()
+    for state in (before, after):
+        by_pool = pool_groups(state)
+        for pool in reach.pools:
+            touched |= by_pool.get(pool, frozenset())
+    if not touched:
+        return out
+    reached = set()
+    for state in (before, after):
+        for name, groups in class_groups(state).items():
+            if groups & touched:
+                reached.add(name)
+    for key, claim in pending.items():
+        if class_names(claim) & reached:
+            out.add(key)
+    return out
