@@ -77,7 +77,8 @@ def series_json(request: HttpRequest) -> HttpResponse:
     body: dict[str, Any] = {"activity": [], "memory": [], "unavailable": None}
     if config is None:
         body["unavailable"] = (
-            f"no Prometheus configured for cluster {params['cluster']!r} (CLAIMSCOPE_PROMETHEUS)"
+            f"no Prometheus configured for cluster {params['cluster']!r} (CLAIMSCOPE_PROMETHEUS): charts "
+            "come from Prometheus's history; `make demo-stack` runs the demo with one"
         )
         return HttpResponse(dumps(body), content_type="application/json")
     cluster = Cluster.objects.filter(name=params["cluster"]).first()

@@ -32,6 +32,7 @@ def poison(name: str, payload: str) -> str:
         Cluster,
         Device,
         DeviceClass,
+        GpuState,
         Node,
         Pod,
         ResourceClaim,
@@ -45,7 +46,7 @@ def poison(name: str, payload: str) -> str:
         "streams": (WatchCursor, "last_error", "last_error"),
         "nodes": (Node, "gpu_product", "gpu_product"),
         "devices": (Device, "product_name", "product_name"),
-        "gpus": (Device, "product_name", "product_name"),
+        "gpus": (GpuState, "product_name", "product_name"),  # the GPU API reads the read model
         "slices": (ResourceSlice, "pool", "pool"),
         "device-classes": (DeviceClass, "extended_resource_name", "extended_resource_name"),
         "claims": (ResourceClaim, "owner_pod_name", "owner_pod_name"),
