@@ -18,6 +18,7 @@ from fleet.models import Cluster, WatchCursor
 from simulator import nvidia
 from tests.controlplane.kube import ApiError, Kube
 from tests.controlplane.launcher import ControlPlane
+from tests.controlplane.nodes import for_create
 from tests.controlplane.publisher import FleetPublisher
 
 pytestmark = pytest.mark.controlplane
@@ -252,7 +253,13 @@ def seed(kube: Kube, namespace: str, tag: str) -> dict[str, str]:
             "source": {"component": "default-scheduler"},
         }
     )
+    # A rule on a pool nobody publishes: listed and watched like every kind, tainting nothing.
+    taint = {"key": "claimscope.test/maintenance", "effect": "NoSchedule"}
+    rule = kube.create(
+        for_create(nvidia.device_taint_rule(f"rule-{tag}", taint, driver="gpu.nvidia.com", pool=f"no-{tag}"))
+    )
     return {
+        "DeviceTaintRule": rule["metadata"]["name"],
         "Node": node,
         "ResourceSlice": slices[0]["metadata"]["name"],
         "DeviceClass": device_class["metadata"]["name"],
