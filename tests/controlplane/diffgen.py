@@ -264,6 +264,25 @@ def _more_features(x: random.Random, case: Case, seed: int, drawn: int) -> None:
     x = random.Random(f"{seed}/{drawn}/taint-rules")
     if x.random() < 0.15:
         _taint_rules(x, case)
+    x = random.Random(f"{seed}/{drawn}/binding-conditions")
+    if x.random() < 0.08:
+        _binding_conditions(x, case)
+
+
+BINDING = {"bindingConditions": ["example.com/attached"], "bindingFailureConditions": ["example.com/failed"]}
+
+
+def _binding_conditions(x: random.Random, case: Case) -> None:
+    """Binding conditions (DRADeviceBindingConditions, beta, on) on one device or on every device of one of
+    the case's pools. Nothing sets the conditions: a pod allocated such a device waits in PreBind, unbound,
+    with ``status.nominatedNodeName`` (FINDINGS.md "Binding conditions"), which the test reads as "fits"."""
+    pools = sorted({s["spec"]["pool"]["name"] for s in case.slices if s["spec"].get("devices")})
+    pool = x.choice(pools)
+    devices = [
+        d for s in case.slices if s["spec"]["pool"]["name"] == pool for d in s["spec"].get("devices") or []
+    ]
+    for d in devices if x.random() < 0.5 else [x.choice(devices)]:
+        d.update(copy.deepcopy(BINDING))
 
 
 RULE_TAINT_KEY = "example.com/maintenance"
@@ -384,6 +403,7 @@ def case_features(case: Case) -> set[str]:
         "shared-device": any(d.get("allowMultipleAllocations") for d in devices),
         "node-less-pool": any(not s["spec"].get("nodeName") for s in case.slices),
         "extended-resource": case.extended > 0,
+        "binding-conditions": any(d.get("bindingConditions") for d in devices),
         "taint-rule": any(_rule_taints(case.rules, case.slices).values()),
         "taint-rule-no-execute": any(
             t["effect"] == "NoExecute" for ts in _rule_taints(case.rules, case.slices).values() for t in ts
