@@ -281,7 +281,7 @@ def _binding_conditions(x: random.Random, case: Case) -> None:
     devices = [
         d for s in case.slices if s["spec"]["pool"]["name"] == pool for d in s["spec"].get("devices") or []
     ]
-    for d in devices if x.random() < 0.5 else [x.choice(devices)]:
+    for d in devices if x.random() < 0.7 else [x.choice(devices)]:
         d.update(copy.deepcopy(BINDING))
 
 
