@@ -148,7 +148,7 @@ def test_pool_counts_follow_the_api_servers_resource_pool_status(
         (d.pool, t["deviceTaintRule"])
         for d in Device.objects.filter(cluster_id=cluster_id, tainted=True)
         for t in d.taints
-        if t.get("deviceTaintRule")
+        if t.get("deviceTaintRule") and t.get("effect") in ("NoSchedule", "NoExecute")
     }
     print(
         f"pool status: {compared} pools agree with the API server, "
