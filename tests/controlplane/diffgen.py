@@ -63,6 +63,8 @@ class Case:
     extra_requests: list[Obj] = field(default_factory=list)
     # DRA extended resource: the pod asks for nvidia.com/gpu in its limits instead of a claim
     extended: int = 0
+    # DeviceTaintRules (cluster-scoped) over the case's pools, created before its pod
+    rules: list[Obj] = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -259,6 +261,81 @@ def _more_features(x: random.Random, case: Case, seed: int, drawn: int) -> None:
                 },
             }
         )
+    x = random.Random(f"{seed}/{drawn}/taint-rules")
+    if x.random() < 0.15:
+        _taint_rules(x, case)
+    x = random.Random(f"{seed}/{drawn}/binding-conditions")
+    if x.random() < 0.08:
+        _binding_conditions(x, case)
+
+
+BINDING = {"bindingConditions": ["example.com/attached"], "bindingFailureConditions": ["example.com/failed"]}
+
+
+def _binding_conditions(x: random.Random, case: Case) -> None:
+    """Binding conditions (DRADeviceBindingConditions, beta, on) on one device or on every device of one of
+    the case's pools. Nothing sets the conditions: a pod allocated such a device waits in PreBind, unbound,
+    with ``status.nominatedNodeName`` (FINDINGS.md "Binding conditions"), which the test reads as "fits"."""
+    pools = sorted({s["spec"]["pool"]["name"] for s in case.slices if s["spec"].get("devices")})
+    pool = x.choice(pools)
+    devices = [
+        d for s in case.slices if s["spec"]["pool"]["name"] == pool for d in s["spec"].get("devices") or []
+    ]
+    for d in devices if x.random() < 0.7 else [x.choice(devices)]:
+        d.update(copy.deepcopy(BINDING))
+
+
+RULE_TAINT_KEY = "example.com/maintenance"
+# Tolerations a request may carry against a rule's taint (upstream resourceclaim.ToleratesTaint): by key,
+# by key and value (one of them the wrong value), by key for one effect only, and everything.
+RULE_TOLERATIONS: tuple[Obj, ...] = (
+    {"key": RULE_TAINT_KEY, "operator": "Exists"},
+    {"key": RULE_TAINT_KEY, "operator": "Equal", "value": "planned"},
+    {"key": RULE_TAINT_KEY, "operator": "Equal", "value": "urgent"},
+    {"key": RULE_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"},
+    {"key": RULE_TAINT_KEY, "operator": "Exists", "effect": "NoExecute"},
+    {"operator": "Exists"},
+)
+
+
+def _taint_rules(x: random.Random, case: Case) -> None:
+    """1-2 DeviceTaintRules over the case's own pools (NoSchedule, NoExecute or None), and in half of the
+    cases tolerations for them on the requests and subrequests.
+
+    Every rule names one of the case's pools (or selects nothing): rules are cluster-scoped and a batch
+    shares one cluster, so a rule by driver or device name alone would taint every case's devices. Such
+    rules are covered by test_device_taint_rules.py and the unit tests of fleet.taint_rules."""
+    pools: dict[str, list[str]] = {}
+    for s in case.slices:
+        names = [d["name"] for d in s["spec"].get("devices") or []]
+        pools.setdefault(s["spec"]["pool"]["name"], []).extend(names)
+    for k in range(x.choice((1, 1, 2))):
+        pool = x.choice(sorted(pools))
+        devices = pools[pool]
+        form = x.choice(("pool", "driver+pool", "pool+device", "pool+device", "driver+pool+device", "other"))
+        chosen: Obj = {"pool": pool}
+        if "driver" in form:
+            chosen["driver"] = "gpu.nvidia.com"
+        if "device" in form and devices:
+            chosen["device"] = x.choice(devices)
+        selector: Obj | None = chosen
+        if form == "other":  # selects nothing: another driver's pool of that name, or no selector at all
+            selector = {"driver": "net.example.com", "pool": pool} if x.random() < 0.5 else None
+        taint = {
+            "key": RULE_TAINT_KEY,
+            "value": x.choice(("planned", "planned", "urgent")),
+            "effect": x.choice(("NoSchedule", "NoSchedule", "NoExecute", "NoExecute", "None")),
+        }
+        name = f"{case.name}-rule-{k}"
+        case.rules.append(
+            nvidia.device_taint_rule(name, taint, **selector)
+            if selector is not None
+            else nvidia.device_taint_rule(name, taint, selector=False)
+        )
+    if x.random() < 0.5:
+        for spec in _specs(case):
+            if x.random() < 0.8:
+                spec["tolerations"] = [*(spec.get("tolerations") or []), dict(x.choice(RULE_TOLERATIONS))]
 
 
 def _share_devices(x: random.Random, case: Case) -> None:
@@ -326,6 +403,23 @@ def case_features(case: Case) -> set[str]:
         "shared-device": any(d.get("allowMultipleAllocations") for d in devices),
         "node-less-pool": any(not s["spec"].get("nodeName") for s in case.slices),
         "extended-resource": case.extended > 0,
+        "binding-conditions": any(d.get("bindingConditions") for d in devices),
+        "taint-rule": any(_rule_taints(case.rules, case.slices).values()),
+        "taint-rule-no-execute": any(
+            t["effect"] == "NoExecute" for ts in _rule_taints(case.rules, case.slices).values() for t in ts
+        ),
+        "taint-rule-none": any(
+            t["effect"] == "None" for ts in _rule_taints(case.rules, case.slices).values() for t in ts
+        ),
+        "taint-rule-selects-nothing": bool(case.rules)
+        and not any(_rule_taints(case.rules, case.slices).values()),
+        "rule-tolerated": any(
+            _tolerates(x, t)
+            for s in specs
+            for x in s.get("tolerations") or []
+            for ts in _rule_taints(case.rules, case.slices).values()
+            for t in ts
+        ),
         f"api-{case.api_version}": True,
         "first-available": any(r.get("firstAvailable") for r in case.requests),
         "all-mode": any(s.get("allocationMode") == "All" for s in specs),
@@ -366,6 +460,35 @@ def _attr(device: Obj, name: str, driver: str) -> object:
     return tuple(sorted(raw.items())) if raw else None
 
 
+def _rule_taints(rules: list[Obj], slices: list[Obj]) -> dict[tuple[str, str, str], list[Obj]]:
+    """The taints ``rules`` add, by device (driver, pool, name), written from the API's definition of
+    DeviceTaintSelector (each of driver, pool, device must equal the device's when set; no selector
+    selects nothing), independently of fleet.taint_rules."""
+    out: dict[tuple[str, str, str], list[Obj]] = {}
+    for rule in rules:
+        sel = rule["spec"].get("deviceSelector")
+        if sel is None:
+            continue
+        for s in slices:
+            driver, pool = s["spec"]["driver"], s["spec"]["pool"]["name"]
+            for d in s["spec"].get("devices") or []:
+                wanted = (sel.get("driver"), sel.get("pool"), sel.get("device"))
+                if all(w is None or w == v for w, v in zip(wanted, (driver, pool, d["name"]), strict=True)):
+                    out.setdefault((driver, pool, d["name"]), []).append(rule["spec"]["taint"])
+    return out
+
+
+def _tolerates(toleration: Obj, taint: Obj) -> bool:
+    """k8s.io/dynamic-resource-allocation/resourceclaim.ToleratesTaint."""
+    if toleration.get("effect") and toleration["effect"] != taint.get("effect"):
+        return False
+    if toleration.get("key") and toleration["key"] != taint.get("key"):
+        return False
+    if (toleration.get("operator") or "Equal") == "Exists":
+        return True
+    return bool(toleration.get("value", "") == taint.get("value", ""))
+
+
 def validate_allocation(
     allocation: Obj,
     requests: list[Obj],
@@ -373,12 +496,14 @@ def validate_allocation(
     slices: list[Obj],
     classes: list[Obj],
     held: list[Obj],
+    rules: list[Obj] | None = None,
 ) -> list[str]:
     """Problems with ``allocation`` (a claim's ``status.allocation``); empty when it is valid.
 
     Checked independently of the allocator: devices exist and are distinct, not held by another claim,
-    match class + request selectors, tolerate taints, fit shared counters, counts per request (or the
-    chosen subrequest) are exact, and matchAttribute/distinctAttribute hold."""
+    match class + request selectors, tolerate taints (their own and those of DeviceTaintRules), fit shared
+    counters, counts per request (or the chosen subrequest) are exact, and matchAttribute/distinctAttribute
+    hold."""
     problems: list[str] = []
     devices = {
         (s["spec"]["driver"], s["spec"]["pool"]["name"], d["name"]): d
@@ -389,6 +514,7 @@ def validate_allocation(
         c["metadata"]["name"]: [x["cel"]["expression"] for x in c["spec"].get("selectors") or []]
         for c in classes
     }
+    added = _rule_taints(rules or [], slices)
     taken = {(h["driver"], h["pool"], h["device"]) for h in held if not h.get("shareID")}
     results = allocation.get("devices", {}).get("results") or []
     keys = [(r["driver"], r["pool"], r["device"]) for r in results]
@@ -427,9 +553,11 @@ def validate_allocation(
         if not all(_matches(e, key[0], device) for e in exprs):
             problems.append(f"{key} does not match the selectors of {r['request']}")
         tolerations = spec.get("tolerations") or []
-        for t in device.get("taints") or []:
-            if not any(x.get("key") == t["key"] and x.get("value") == t.get("value") for x in tolerations):
-                problems.append(f"{key} has an untolerated taint")
+        for t in [*(device.get("taints") or []), *added.get(key, [])]:
+            if t.get("effect") in ("NoSchedule", "NoExecute") and not any(
+                _tolerates(x, t) for x in tolerations
+            ):
+                problems.append(f"{key} has an untolerated taint {t}")
         for use in device.get("consumesCounters") or []:
             for name, v in use["counters"].items():
                 left[(key[1], use["counterSet"], name)] -= parse_quantity(v["value"]).value
