@@ -17,10 +17,23 @@ BINDING_TIMEOUT_SECONDS = 600
 def _device_conditions(claim: Obj, result: Obj) -> dict[str, str]:
     """Condition type -> status of the claim's ``status.devices`` entry for ``result`` (same driver, pool,
     device and shareID, as ``getAllocatedDeviceStatus``)."""
-    for entry in (claim.get("status") or {}).get("devices") or []:
+    status = claim.get("status")
+    for entry in _list(status.get("devices") if isinstance(status, dict) else None):
+        if not isinstance(entry, dict):
+            continue
         if all(entry.get(k) == result.get(k) for k in ("driver", "pool", "device", "shareID")):
-            return {str(c.get("type")): str(c.get("status")) for c in entry.get("conditions") or []}
+            return {
+                str(c.get("type")): str(c.get("status"))
+                for c in _list(entry.get("conditions"))
+                if isinstance(c, dict)
+            }
     return {}
+
+
+def _list(value: object) -> list[object]:
+    """A list field as stored, or nothing: what the API server accepted may still be odd in a snapshot or
+    a what-if input, and one odd field must not stop a diagnosis."""
+    return value if isinstance(value, list) else []
 
 
 def binding_waits(claim: Obj) -> list[str]:
@@ -28,12 +41,16 @@ def binding_waits(claim: Obj) -> list[str]:
     nothing: no such device, or every condition true)."""
     out = []
     for result in claim_results(claim):
-        needed = result.get("bindingConditions") or []
+        if not isinstance(result, dict):
+            continue
+        needed = [str(c) for c in _list(result.get("bindingConditions"))]
         if not needed:
             continue
         conditions = _device_conditions(claim, result)
         device = f"{result.get('driver')}/{result.get('pool')}/{result.get('device')}"
-        failed = [c for c in result.get("bindingFailureConditions") or [] if conditions.get(c) == "True"]
+        failed = [
+            str(c) for c in _list(result.get("bindingFailureConditions")) if conditions.get(str(c)) == "True"
+        ]
         missing = [c for c in needed if conditions.get(c) != "True"]
         if failed:
             out.append(

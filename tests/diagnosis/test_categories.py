@@ -371,3 +371,19 @@ def test_an_allocated_claim_waiting_for_binding_conditions_says_which_and_a_fail
     ]
     device["conditions"] = [{"type": "example.com/attached", "status": "True"}]
     assert binding_waits(allocated) == []
+
+
+def test_odd_allocation_results_and_device_statuses_never_stop_the_binding_check() -> None:
+    # Found by the what-if fuzzing (tests/unit/test_whatif_shapes.py): a null result entry.
+    from claims.diagnosis.binding import binding_waits
+
+    claim = nvidia.claim_object("team", "odd", [gpu()])
+    result = {"driver": "d", "pool": "p", "device": "x", "bindingConditions": ["ready", 7]}
+    claim["status"] = {
+        "allocation": {"devices": {"results": [None, "text", result]}},
+        "devices": [None, {"driver": "d", "pool": "p", "device": "x", "conditions": [None, {"type": "7"}]}],
+    }
+    assert binding_waits(claim) == ["device d/p/x of team/odd waits for ready, 7 to be True"]
+    claim["status"]["devices"] = "not a list"
+    result["bindingConditions"] = "ready"  # not a list: nothing to wait for
+    assert binding_waits(claim) == []
