@@ -37,6 +37,22 @@ KINDS = (
 )
 
 
+def stored_models() -> list[tuple[str, Any]]:
+    """(kind, the fleet model mirroring it), in the order :meth:`FleetState.from_db` reads them."""
+    from fleet import models as fm
+
+    return [
+        ("ResourceSlice", fm.ResourceSlice),
+        ("DeviceClass", fm.DeviceClass),
+        ("Node", fm.Node),
+        ("ResourceClaim", fm.ResourceClaim),
+        ("ResourceClaimTemplate", fm.ResourceClaimTemplate),
+        ("Pod", fm.Pod),
+        ("Event", fm.SchedulingEvent),
+        ("DeviceTaintRule", fm.DeviceTaintRule),
+    ]
+
+
 def klog(obj: Obj) -> str:
     """``namespace/name`` (or ``name`` for cluster-scoped objects)."""
     meta = obj.get("metadata") or {}
@@ -121,16 +137,7 @@ class FleetState:
         if len(found) > 1 and not cluster:
             raise LookupError("several clusters: choose one with --cluster")
         chosen = found[0]
-        sources: list[tuple[str, Any]] = [
-            ("ResourceSlice", fm.ResourceSlice),
-            ("DeviceClass", fm.DeviceClass),
-            ("Node", fm.Node),
-            ("ResourceClaim", fm.ResourceClaim),
-            ("ResourceClaimTemplate", fm.ResourceClaimTemplate),
-            ("Pod", fm.Pod),
-            ("Event", fm.SchedulingEvent),
-            ("DeviceTaintRule", fm.DeviceTaintRule),
-        ]
+        sources = stored_models()
         objs: list[Obj] = []
         shared: dict[Any, Any] = {}
         # Decoded JSON is trees: the collector would only walk it, many times. Only the lean load (the

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from claims.diagnosis.footprint import GroupKey, class_groups, class_names, fleet_wide, pool_groups
-from claims.fleetstate import KINDS, FleetState, Obj, _stored, claim_results
+from claims.fleetstate import KINDS, FleetState, Obj, _stored, claim_results, stored_models
 
 Key = tuple[str, str]  # (namespace, name); namespace "" for cluster-scoped kinds
 # Kinds a pending claim's diagnosis reads; a template or an event never changes one.
@@ -28,18 +28,7 @@ FETCH_KEYS = 500  # keys per query when reading changed rows back
 
 
 def _models() -> dict[str, Any]:
-    from fleet import models as fm
-
-    return {
-        "ResourceSlice": fm.ResourceSlice,
-        "DeviceClass": fm.DeviceClass,
-        "DeviceTaintRule": fm.DeviceTaintRule,
-        "Node": fm.Node,
-        "ResourceClaim": fm.ResourceClaim,
-        "ResourceClaimTemplate": fm.ResourceClaimTemplate,
-        "Pod": fm.Pod,
-        "Event": fm.SchedulingEvent,
-    }
+    return dict(stored_models())
 
 
 def key_of(obj: Obj) -> Key:

@@ -10,8 +10,6 @@ import time
 from kombu.exceptions import OperationalError as BrokerError
 from redis.exceptions import RedisError
 
-log = logging.getLogger(__name__)
-
 OUTAGE_LOG_SECONDS = 30.0
 _outage_logged: dict[str, float] = {}
 _outage_lock = threading.Lock()

@@ -259,9 +259,9 @@ class SummaryView(APIView):
         reject_empty(request, ["cluster"])
         name = request.query_params.get("cluster")
         if name is None:
-            return Response(api_selectors.summary())
+            return Response(api_selectors.compute_summary())
         # Like the list filters: an unknown cluster has nothing in it (no devices), not an error.
         cluster_id = (
             Cluster.objects.filter(name=name.replace("\x00", "")).values_list("id", flat=True).first()
         )
-        return Response(api_selectors.summary(cluster_id if cluster_id is not None else -1))
+        return Response(api_selectors.compute_summary(cluster_id if cluster_id is not None else -1))

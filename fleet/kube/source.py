@@ -23,12 +23,6 @@ class Source(Protocol):
     ) -> Iterator[Obj]: ...
 
 
-class PagedSource(Source, Protocol):
-    """A source that lists in pages (a real API server: ``limit`` and ``continue``)."""
-
-    def list_pages(self, kind: str) -> tuple[str, Iterator[list[Obj]]]: ...
-
-
 def list_pages(source: Source, kind: str) -> tuple[str, Iterator[list[Obj]]]:
     """The list of ``kind`` as (its resourceVersion, its pages): the source's own pages when it has them,
     else its whole list as one page (snapshots and test sources hold their lists anyway)."""

@@ -103,7 +103,6 @@ def test_a_relist_larger_than_a_page_never_holds_the_whole_list(monkeypatch):
     assert GpuState.objects.filter(cluster=cluster, tainted=True).count() == 100
 
 
-@pytest.mark.django_db
 def test_pages_are_consumed_only_as_they_are_asked_for():
     produced: list[int] = []
 
