@@ -47,6 +47,7 @@ pytestmark = pytest.mark.controlplane
 
 CASES = int(os.environ.get("CLAIMSCOPE_DIFF_CASES") or 1000)
 REGRESSIONS = Path(__file__).with_name("regression_cases.txt")
+LOG = Path(__file__).resolve().parents[2] / ".artifacts" / "differential.log"
 
 
 def _seed() -> int:
@@ -342,21 +343,33 @@ def _compare(
     return None
 
 
-def _report(label: str, seconds: float, verdicts: dict[str, int], by_feature: Obj) -> None:
+def _report(
+    capsys: pytest.CaptureFixture[str], label: str, seconds: float, verdicts: dict[str, int], by_feature: Obj
+) -> None:
+    """Print the run's figures past pytest's capture (a passing run's seed is part of the evidence), and
+    keep them in ``.artifacts/differential.log``."""
     figures = ", ".join(f"{f} {ok}/{n}" for f, (n, ok) in sorted(by_feature.items()))
-    print(
+    line = (
         f"differential {label}: {seconds:.0f} s, scheduler verdicts {verdicts}; "
         f"agreement per feature: {figures}"
     )
+    with capsys.disabled():
+        print(f"\n{line}")
+    LOG.parent.mkdir(parents=True, exist_ok=True)
+    with LOG.open("a") as out:
+        out.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {line}\n")
 
 
-def test_engine_verdicts_agree_with_the_real_scheduler(kube: Kube, namespace: str) -> None:
+def test_engine_verdicts_agree_with_the_real_scheduler(
+    kube: Kube, namespace: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     seed = _seed()
-    print(f"differential seed {seed} ({CASES} cases); reproduce with CLAIMSCOPE_DIFF_SEED={seed}")
+    with capsys.disabled():
+        print(f"\ndifferential seed {seed} ({CASES} cases); reproduce with CLAIMSCOPE_DIFF_SEED={seed}")
     started = time.monotonic()
     cases = generate(seed, CASES)
     disagreements, verdicts, by_feature = _run_batch(kube, namespace, cases)
-    _report(f"seed {seed}", time.monotonic() - started, verdicts, by_feature)
+    _report(capsys, f"seed {seed} ({CASES} cases)", time.monotonic() - started, verdicts, by_feature)
     if disagreements:
         failing = [int(d.split(":", 1)[0].removeprefix("case-")) for d in disagreements]
         with REGRESSIONS.open("a") as out:
@@ -371,12 +384,14 @@ def test_engine_verdicts_agree_with_the_real_scheduler(kube: Kube, namespace: st
     ), verdicts
 
 
-def test_every_regression_case_still_agrees(kube: Kube, namespace: str) -> None:
+def test_every_regression_case_still_agrees(
+    kube: Kube, namespace: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     listed = regression_cases()
     assert listed, f"{REGRESSIONS.name} lists no case"
     started = time.monotonic()
     disagreements, verdicts, by_feature = _run_batch(kube, namespace, [case for _, _, case in listed])
-    _report("regressions", time.monotonic() - started, verdicts, by_feature)
+    _report(capsys, f"regressions ({len(listed)} cases)", time.monotonic() - started, verdicts, by_feature)
     names = {case.name: f"seed {seed} case {index}" for seed, index, case in listed}
     ordered = {case.name for seed, index, case in listed if (seed, index) in order_dependent_cases()}
     disagreements = [d for d in disagreements if not _same_refusal(d, ordered)]
