@@ -18,12 +18,12 @@ from typing import Any
 import orjson
 
 from claims.allocator import FleetSnapshot
-from fleet.normalize import model_family, object_as_v1
+from claims.devicerows import DeviceInfo, DeviceKey, DeviceRows, Devices, Published
+from fleet.normalize import object_as_v1
 from fleet.snapshot import read_files
 from fleet.taint_rules import patch_slices, rules_of
 
 Obj = dict[str, Any]
-DeviceKey = tuple[str, str, str]
 
 KINDS = (
     "ResourceSlice",
@@ -67,19 +67,6 @@ def claim_results(claim: Obj) -> list[Obj]:
 
 
 @dataclass
-class DeviceInfo:
-    """One published device with where it lives and how we group it (model family, MIG profile)."""
-
-    key: DeviceKey
-    device: Obj
-    slice: Obj
-    node: str
-    model: str
-    profile: str  # MIG profile name, "" for a full GPU or a non-GPU device
-    sig: int = 0  # devices with the same sig agree on every low-cardinality attribute and capacity
-
-
-@dataclass
 class FleetState:
     """Raw objects by kind plus lookups. Immutable by convention once built; build a new one per change."""
 
@@ -90,6 +77,8 @@ class FleetState:
     _holders: dict[DeviceKey, list[Obj]] | None = field(default=None, repr=False)
     _pods_by_claim: dict[tuple[str, str], list[Obj]] | None = field(default=None, repr=False)
     _groups: list[list[DeviceInfo]] | None = field(default=None, repr=False)
+    # Per-pool rows kept between the states of a live fleet (claims.livestate); None: computed afresh.
+    rows: DeviceRows | None = field(default=None, repr=False)
     # (kind, domain, name) of attributes with many distinct values (uuid, pciBusID, ...)
     high_cardinality: frozenset[tuple[str, str, str]] = frozenset()
     # (selector expression, projection) -> bool | error message, shared by every diagnosis on this state
@@ -99,12 +88,22 @@ class FleetState:
 
     @classmethod
     def from_objects(cls, objs: Iterable[Obj], cluster: str = "") -> FleetState:
-        state = cls(cluster=cluster)
+        lists: dict[str, list[Obj]] = {k: [] for k in KINDS}
         for obj in objs:
             kind = obj.get("kind")
-            if kind in state.objects:
+            if kind in lists:
                 # Files may hold v1beta1 objects (kubectl of an older cluster, a driver's quickstart).
-                state.objects[str(kind)].append(object_as_v1(obj))
+                lists[str(kind)].append(object_as_v1(obj))
+        return cls.from_lists(lists, cluster)
+
+    @classmethod
+    def from_lists(
+        cls, lists: dict[str, list[Obj]], cluster: str = "", rows: DeviceRows | None = None
+    ) -> FleetState:
+        """A state of v1 objects by kind (the lists are taken, not copied); ``rows``: per-pool rows to
+        reuse (see ``claims.devicerows``)."""
+        state = cls(cluster=cluster, rows=rows)
+        state.objects.update(lists)
         # The scheduler sees slices with the DeviceTaintRules' taints added (fleet.taint_rules), so do we.
         state.objects["ResourceSlice"] = patch_slices(
             state.objects["ResourceSlice"], rules_of(state.objects["DeviceTaintRule"])
@@ -126,7 +125,7 @@ class FleetState:
         the memory (bench/README.md "Memory of the diagnosis task"). Not for ``find``-then-diagnose
         callers: an allocated claim found here has lost its metadata."""
         from fleet import models as fm
-        from fleet.kube.reflector import cyclic_gc_paused
+        from fleet.gcpause import cyclic_gc_paused
 
         clusters = fm.Cluster.objects.all()
         if cluster:
@@ -204,83 +203,25 @@ class FleetState:
 
     def devices(self) -> list[DeviceInfo]:
         """Devices of the newest generation of every pool, in allocator order (pool, slice, device)."""
-        if self._devices is None:
-            newest: dict[tuple[str, str], int] = {}
-            for s in self.objects["ResourceSlice"]:
-                spec = s.get("spec") or {}
-                pool = spec.get("pool") or {}
-                key = (spec.get("driver", ""), pool.get("name", ""))
-                newest[key] = max(newest.get(key, 0), int(pool.get("generation", 0)))
-            out: list[DeviceInfo] = []
-            ordered = sorted(
-                self.objects["ResourceSlice"],
-                key=lambda s: (
-                    (s.get("spec") or {}).get("driver", ""),
-                    ((s.get("spec") or {}).get("pool") or {}).get("name", ""),
-                    (s.get("metadata") or {}).get("name", ""),
-                ),
-            )
-            for s in ordered:
-                spec = s.get("spec") or {}
-                pool = spec.get("pool") or {}
-                driver, pool_name = spec.get("driver", ""), pool.get("name", "")
-                if int(pool.get("generation", 0)) != newest[(driver, pool_name)]:
-                    continue
-                for device in spec.get("devices") or []:
-                    attrs = device.get("attributes") or {}
-                    product = _string(attrs, "productName", driver)
-                    out.append(
-                        DeviceInfo(
-                            key=(driver, pool_name, str(device.get("name", ""))),
-                            device=device,
-                            slice=s,
-                            node=str(spec.get("nodeName", "")),
-                            model=model_family(product) if product else driver,
-                            profile=_string(attrs, "profile", driver),
-                        )
-                    )
-            self._devices = out
-            self._group_devices(out)
-        return self._devices
+        return self._rows().infos
 
-    def _group_devices(self, devices: list[DeviceInfo]) -> None:
-        """Give devices a signature: equal for devices whose low-cardinality data is identical, so a
-        selector that reads only such data has one result per signature group."""
-        refs: dict[tuple[str, str], tuple[str, str, str]] = {}  # (driver, raw name) -> reference
+    def _rows(self) -> Devices:
+        found: Devices | None = self.__dict__.get("_device_rows")
+        if found is None:
+            found = (self.rows or DeviceRows()).devices(self.objects["ResourceSlice"])
+            self.__dict__["_device_rows"] = found
+            self._devices, self._groups = found.infos, found.groups
+            self.high_cardinality = found.high_cardinality
+        return found
 
-        def ref_of(driver: str, name: str) -> tuple[str, str, str]:
-            found = refs.get((driver, name))
-            if found is None:
-                found = refs[(driver, name)] = ("attributes", *_qualified(name, driver))
-            return found
+    def published(self) -> list[Published]:
+        """(kind "a" or "c", driver, raw name, value type) of every attribute and capacity published
+        anywhere, first occurrences in device order."""
+        return self._rows().published
 
-        distinct: dict[tuple[str, str, str], set[Any]] = {}
-        for info in devices:
-            driver = info.key[0]
-            for name, raw in (info.device.get("attributes") or {}).items():
-                values = distinct.setdefault(ref_of(driver, name), set())
-                if len(values) <= HIGH_CARDINALITY:
-                    values.add(_freeze(raw))
-        high = frozenset(ref for ref, values in distinct.items() if len(values) > HIGH_CARDINALITY)
-        self.high_cardinality = high
-        ids: dict[Any, int] = {}
-        groups: list[list[DeviceInfo]] = []
-        for info in devices:
-            driver = info.key[0]
-            attrs = tuple(
-                (name, _freeze(raw))
-                for name, raw in (info.device.get("attributes") or {}).items()
-                if ref_of(driver, name) not in high
-            )
-            caps = tuple((name, _freeze(raw)) for name, raw in (info.device.get("capacity") or {}).items())
-            key = (driver, bool(info.device.get("allowMultipleAllocations")), attrs, caps)
-            sig = ids.get(key)
-            if sig is None:
-                sig = ids[key] = len(groups)
-                groups.append([])
-            info.sig = sig
-            groups[sig].append(info)
-        self._groups = groups
+    def duplicate_devices(self) -> list[tuple[tuple[str, str], str]]:
+        """(pool, device name) of the pools that publish a device name twice, the first such name."""
+        return self._rows().duplicates
 
     def device_index(self) -> dict[DeviceKey, DeviceInfo]:
         cached: dict[DeviceKey, DeviceInfo] | None = self.__dict__.get("_device_index")
@@ -338,31 +279,6 @@ class FleetState:
             if inv.get("kind") == kind and inv.get("name") == name and inv.get("namespace", "") == namespace:
                 out.append(ev)
         return out
-
-
-HIGH_CARDINALITY = 32
-
-
-def _qualified(name: str, driver: str) -> tuple[str, str]:
-    domain, sep, ident = name.partition("/")
-    return (domain, ident) if sep else (driver, name)
-
-
-def _freeze(raw: Any) -> Any:
-    if isinstance(raw, dict):
-        if len(raw) == 1:  # the usual {"string": ...} / {"value": ...}
-            ((key, value),) = raw.items()
-            if not isinstance(value, dict | list):
-                return (key, value)
-        return tuple(sorted((k, _freeze(v)) for k, v in raw.items()))
-    if isinstance(raw, list):
-        return tuple(_freeze(v) for v in raw)
-    return raw
-
-
-def _string(attrs: Obj, name: str, driver: str) -> str:
-    raw = attrs.get(name) or attrs.get(f"{driver}/{name}") or {}
-    return str(raw.get("string", "")) if isinstance(raw, dict) else ""
 
 
 FETCH_CHUNK = 500  # rows per round trip when streaming stored objects

@@ -55,18 +55,8 @@ def _published(state: FleetState | None) -> dict[str, dict[tuple[str, str], str]
     if isinstance(cached, dict):
         return cached
     out: dict[str, dict[tuple[str, str], str]] = {"attributes": {}, "capacity": {}}
-    seen: set[tuple[str, str, str]] = set()
-    for info in state.devices():
-        driver = info.key[0]
-        for name, raw in (info.device.get("attributes") or {}).items():
-            if ("a", driver, name) not in seen:
-                seen.add(("a", driver, name))
-                kind = next(iter(raw), "") if isinstance(raw, dict) else ""
-                out["attributes"][parse_qualified_name(name, driver)] = kind
-        for name in info.device.get("capacity") or {}:
-            if ("c", driver, name) not in seen:
-                seen.add(("c", driver, name))
-                out["capacity"][parse_qualified_name(name, driver)] = "quantity"
+    for kind, driver, name, value_type in state.published():
+        out["attributes" if kind == "a" else "capacity"][parse_qualified_name(name, driver)] = value_type
     object.__setattr__(state, "_lint_published", out)
     return out
 

@@ -18,8 +18,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from claims.devicerows import DeviceRows
 from claims.diagnosis.footprint import GroupKey, class_groups, class_names, fleet_wide, pool_groups
 from claims.fleetstate import KINDS, FleetState, Obj, _stored, claim_results, stored_models
+from fleet.normalize import object_as_v1
 
 Key = tuple[str, str]  # (namespace, name); namespace "" for cluster-scoped kinds
 # Kinds a pending claim's diagnosis reads; a template or an event never changes one.
@@ -81,11 +83,14 @@ class LiveFleet:
     cluster_id: int
     objects: dict[str, dict[Key, Obj]] = field(default_factory=lambda: {k: {} for k in KINDS})
     shared: dict[Any, Any] = field(default_factory=dict, repr=False)
+    rows: DeviceRows = field(default_factory=DeviceRows, repr=False)
+    # Each kind's objects in FleetState.from_db's order, until the kind changes.
+    _ordered: dict[str, list[Obj]] = field(default_factory=dict, repr=False)
 
     @classmethod
     def load(cls, cluster: str) -> LiveFleet:
         """Every object of ``cluster`` the diagnosis reads. Raises LookupError for an unknown cluster."""
-        from fleet.kube.reflector import cyclic_gc_paused
+        from fleet.gcpause import cyclic_gc_paused
         from fleet.models import Cluster
 
         found = Cluster.objects.filter(name=cluster).first()
@@ -99,7 +104,8 @@ class LiveFleet:
 
     def _reload(self, kind: str) -> None:
         rows = _models()[kind].objects.filter(cluster_id=self.cluster_id)
-        self.objects[kind] = {key_of(o): o for o in _stored(kind, rows, self.shared)}
+        self.objects[kind] = {key_of(o): object_as_v1(o) for o in _stored(kind, rows, self.shared)}
+        self._ordered.pop(kind, None)
 
     def _read(self, kind: str, keys: list[Key]) -> dict[Key, Obj]:
         model = _models()[kind]
@@ -114,15 +120,20 @@ class LiveFleet:
             for obj in _stored(kind, rows, self.shared):
                 key = key_of(obj)
                 if key in wanted:
-                    out[key] = obj
+                    out[key] = object_as_v1(obj)
         return out
 
     def state(self) -> FleetState:
-        """A FleetState of the current objects, each kind in the order ``FleetState.from_db`` lists it."""
-        objs: list[Obj] = []
+        """A FleetState of the current objects, each kind in the order ``FleetState.from_db`` lists it,
+        reusing the per-pool device rows of the previous states."""
+        lists: dict[str, list[Obj]] = {}
         for kind in READ:
-            objs += [o for _, o in sorted(self.objects[kind].items(), key=lambda kv: (kv[0][1], kv[0][0]))]
-        return FleetState.from_objects(objs, cluster=self.cluster)
+            ordered = self._ordered.get(kind)
+            if ordered is None:
+                table = self.objects[kind]
+                ordered = self._ordered[kind] = [table[k] for k in sorted(table, key=lambda k: (k[1], k[0]))]
+            lists[kind] = list(ordered)
+        return FleetState.from_lists(lists, cluster=self.cluster, rows=self.rows)
 
     def apply(self, events: Iterable[dict[str, Any]]) -> Reach:
         """Bring the objects up to date with ``events`` (this cluster's ``fleet.change`` events, in commit
@@ -145,6 +156,7 @@ class LiveFleet:
             if not keys:
                 continue
             table = self.objects[kind]
+            self._ordered.pop(kind, None)
             fresh = self._read(kind, sorted(keys))
             for key in keys:
                 old, new = table.get(key), fresh.get(key)

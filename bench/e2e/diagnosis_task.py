@@ -31,7 +31,7 @@ django.setup()
 from claims.diagnosis import prepare  # noqa: E402
 from claims.fleetstate import FleetState  # noqa: E402
 from claims.tasks import recompute_diagnoses  # noqa: E402
-from fleet.kube.reflector import cyclic_gc_paused  # noqa: E402
+from fleet.gcpause import cyclic_gc_paused  # noqa: E402
 
 
 def memory_mb() -> tuple[float, float]:

@@ -145,15 +145,9 @@ class Context:
                 problems[key] = (
                     f"pool {key[0]}/{key[1]} is incomplete: {seen} of {wanted[key]} slices published"
                 )
-        names: dict[tuple[str, str], set[str]] = {}
-        for info in state.devices():
-            pool_key = (info.key[0], info.key[1])
-            seen_names = names.setdefault(pool_key, set())
-            if info.key[2] in seen_names and pool_key not in problems:
-                problems[pool_key] = (
-                    f"pool {pool_key[0]}/{pool_key[1]} is invalid: duplicate device {info.key[2]}"
-                )
-            seen_names.add(info.key[2])
+        for pool_key, name in state.duplicate_devices():
+            if pool_key not in problems:
+                problems[pool_key] = f"pool {pool_key[0]}/{pool_key[1]} is invalid: duplicate device {name}"
         for s in state.objects["ResourceSlice"]:
             spec = s.get("spec") or {}
             for cs in spec.get("sharedCounters") or []:

@@ -1,0 +1,314 @@
+"""A fleet's devices, their signature groups and the facts collected over them, computed pool by pool and
+kept between the fleet states of one live fleet (``claims.livestate``).
+
+Listing ~100,000 devices, freezing their attributes into signatures and collecting the fleet-wide facts
+(which attributes are high-cardinality, which names are published, which pools publish a device name
+twice) took seconds at L, for every state: the incremental diagnosis builds a state per fleet change.
+Consecutive states of a live fleet share almost every slice object (only changed rows are read back), so
+what a pool's slices yield is computed once per set of slice objects (:class:`PoolRows`) and the
+fleet-wide merge walks pools, not devices.
+
+An entry is keyed by the identity of its slices, which it holds (so an id is never reused): a changed
+slice is another object, and an empty :class:`DeviceRows` computes what a full one does. Every state goes
+through this code, memo or not, so the two paths cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+from dataclasses import dataclass, field
+from typing import Any
+
+from fleet.normalize import model_family
+
+Obj = dict[str, Any]
+DeviceKey = tuple[str, str, str]
+Ref = tuple[str, str, str]  # ("attributes", domain, name)
+PoolKey = tuple[str, str]  # (driver, pool name)
+# (kind "a" or "c", driver, raw name, value type): what the lint's published names are made of
+Published = tuple[str, str, str, str]
+HIGH_CARDINALITY = 32  # distinct values across the fleet above which an attribute is high-cardinality
+
+
+def qualified(name: str, driver: str) -> tuple[str, str]:
+    domain, sep, ident = name.partition("/")
+    return (domain, ident) if sep else (driver, name)
+
+
+def freeze(raw: Any) -> Any:
+    """A hashable value equal for equal attribute or capacity values."""
+    if isinstance(raw, dict):
+        if len(raw) == 1:  # the usual {"string": ...} / {"value": ...}
+            ((key, value),) = raw.items()
+            if not isinstance(value, dict | list):
+                return (key, value)
+        return tuple(sorted((k, freeze(v)) for k, v in raw.items()))
+    if isinstance(raw, list):
+        return tuple(freeze(v) for v in raw)
+    return raw
+
+
+def attr_string(attrs: Obj, name: str, driver: str) -> str:
+    raw = attrs.get(name) or attrs.get(f"{driver}/{name}") or {}
+    return str(raw.get("string", "")) if isinstance(raw, dict) else ""
+
+
+@dataclass
+class DeviceInfo:
+    """One published device with where it lives and how we group it (model family, MIG profile)."""
+
+    key: DeviceKey
+    device: Obj
+    slice: Obj
+    node: str
+    model: str
+    profile: str  # MIG profile name, "" for a full GPU or a non-GPU device
+    sig: int = 0  # devices with the same sig agree on every low-cardinality attribute and capacity
+
+
+@dataclass
+class Layout:
+    """The attribute names of a device in its order (devices of one model share it), with what each
+    name refers to, and which positions a high-cardinality set keeps."""
+
+    names: tuple[str, ...]
+    refs: tuple[Ref, ...]
+    kept_for: frozenset[Ref] | None = None
+    keep: Any = None  # (pairs) -> the kept pairs, as a tuple
+
+    def keeper(self, high: frozenset[Ref]) -> Any:
+        if self.kept_for != high:
+            kept = [i for i, ref in enumerate(self.refs) if ref not in high]
+            if len(kept) == len(self.refs):
+                self.keep = _whole
+            elif not kept:
+                self.keep = _nothing
+            elif len(kept) == 1:
+                only = kept[0]
+                self.keep = lambda pairs: (pairs[only],)
+            else:
+                self.keep = operator.itemgetter(*kept)
+            self.kept_for = high
+        return self.keep
+
+
+def _whole(pairs: tuple[Any, ...]) -> tuple[Any, ...]:
+    return pairs
+
+
+def _nothing(pairs: tuple[Any, ...]) -> tuple[Any, ...]:
+    return ()
+
+
+@dataclass
+class PoolRows:
+    """What one pool's newest slices yield."""
+
+    slices: tuple[Obj, ...]  # held: their identities are the entry's key
+    infos: list[DeviceInfo]  # in allocator order, each with the signature last assigned
+    # per device: (allowMultipleAllocations, layout, ((name, frozen value), ...), capacities)
+    parts: list[tuple[bool, Layout, tuple[tuple[str, Any], ...], tuple[tuple[str, Any], ...]]]
+    values: dict[Ref, set[Any]]  # distinct attribute values in this pool
+    published: tuple[Published, ...]  # first occurrences, in device order
+    duplicate: str  # the first device name published twice, "" if none
+    # signature keys under the high-cardinality set they were made for
+    high: frozenset[Ref] | None = None
+    local_keys: list[Any] = field(default_factory=list)
+    local_index: list[int] = field(default_factory=list)
+    shared: bool = False  # its infos were handed to a state, and so are never changed again
+
+    def keys_for(self, high: frozenset[Ref]) -> None:
+        if self.high == high:
+            return
+        seen: dict[Any, int] = {}
+        index = []
+        driver = self.infos[0].key[0] if self.infos else ""
+        for multi, layout, pairs, caps in self.parts:
+            key = (driver, multi, layout.keeper(high)(pairs), caps)
+            index.append(seen.setdefault(key, len(seen)))
+        self.high, self.local_keys, self.local_index = high, list(seen), index
+
+
+def pool_rows(
+    slices: tuple[Obj, ...], published_interned: dict[Any, Any], frozen: dict[int, Any]
+) -> PoolRows:
+    """``slices``: the newest slices of one pool (one driver), in name order. ``frozen``: id of a value ->
+    (value, frozen value), for one build: lean objects share equal values (``fleetstate.lean_object``),
+    so most values are frozen once."""
+
+    def freeze_once(raw: Any) -> Any:
+        hit = frozen.get(id(raw))
+        if hit is None:
+            hit = frozen[id(raw)] = (raw, freeze(raw))
+        return hit[1]
+
+    layouts: dict[tuple[str, ...], Layout] = {}
+    rows_of: dict[int, list[tuple[Any, ...]]] = {}  # id(layout) -> each device's frozen values
+    infos: list[DeviceInfo] = []
+    parts = []
+    published: dict[tuple[str, str], str] = {}  # (kind, name) -> value type; one driver
+    names: set[str] = set()
+    duplicate = ""
+    driver = ""
+    for s in slices:
+        spec = s.get("spec") or {}
+        driver, pool_name = spec.get("driver", ""), (spec.get("pool") or {}).get("name", "")
+        node = str(spec.get("nodeName", ""))
+        for device in spec.get("devices") or []:
+            attrs = device.get("attributes") or {}
+            product = attr_string(attrs, "productName", driver)
+            name = str(device.get("name", ""))
+            if name in names and not duplicate:
+                duplicate = name
+            names.add(name)
+            infos.append(
+                DeviceInfo(
+                    key=(driver, pool_name, name),
+                    device=device,
+                    slice=s,
+                    node=node,
+                    model=model_family(product) if product else driver,
+                    profile=attr_string(attrs, "profile", driver),
+                )
+            )
+            attr_names = tuple(attrs)
+            layout = layouts.get(attr_names)
+            if layout is None:
+                refs = tuple(("attributes", *qualified(a, driver)) for a in attr_names)
+                layout = layouts[attr_names] = Layout(attr_names, refs)
+                rows_of[id(layout)] = []
+                for a in attr_names:
+                    if ("a", a) not in published:
+                        raw = attrs[a]
+                        published[("a", a)] = next(iter(raw), "") if isinstance(raw, dict) else ""
+            values = tuple([freeze_once(v) for v in attrs.values()])
+            rows_of[id(layout)].append(values)
+            capacity = device.get("capacity") or {}
+            for cap in capacity:
+                published.setdefault(("c", cap), "quantity")
+            caps = tuple(zip(capacity, [freeze_once(v) for v in capacity.values()], strict=True))
+            multi = bool(device.get("allowMultipleAllocations"))
+            parts.append((multi, layout, tuple(zip(attr_names, values, strict=True)), caps))
+    distinct: dict[Ref, set[Any]] = {}
+    for layout in layouts.values():
+        for ref, column in zip(layout.refs, zip(*rows_of[id(layout)], strict=True), strict=True):
+            distinct.setdefault(ref, set()).update(column)
+    listed = tuple((k, driver, n, t) for (k, n), t in published.items())
+    return PoolRows(
+        slices=slices,
+        infos=infos,
+        parts=parts,
+        values=distinct,
+        published=published_interned.setdefault(listed, listed),
+        duplicate=duplicate,
+    )
+
+
+@dataclass
+class Devices:
+    """The devices of one fleet state and what was collected over them."""
+
+    infos: list[DeviceInfo]
+    groups: list[list[DeviceInfo]]  # by signature, each in allocator order
+    high_cardinality: frozenset[Ref]
+    published: list[Published]  # first occurrences in device order
+    duplicates: list[tuple[PoolKey, str]]  # pools publishing a device name twice, in device order
+
+
+@dataclass
+class DeviceRows:
+    """Per-pool rows by pool, reused while a pool's slices are the same objects."""
+
+    pools: dict[PoolKey, PoolRows] = field(default_factory=dict)
+    published_interned: dict[Any, Any] = field(default_factory=dict, repr=False)
+    built: int = 0  # entries computed (not reused), for tests and benchmarks
+
+    def devices(self, slices: list[Obj]) -> Devices:
+        """The devices of the newest generation of every pool of ``slices``, in allocator order (pool,
+        slice, device), with their signatures: equal for devices whose low-cardinality data is identical,
+        so a selector that reads only such data has one result per signature group."""
+        newest: dict[PoolKey, int] = {}
+        for s in slices:
+            spec = s.get("spec") or {}
+            pool = spec.get("pool") or {}
+            key = (spec.get("driver", ""), pool.get("name", ""))
+            newest[key] = max(newest.get(key, 0), int(pool.get("generation", 0)))
+        by_pool: dict[PoolKey, list[Obj]] = {}
+        for s in slices:
+            spec = s.get("spec") or {}
+            pool = spec.get("pool") or {}
+            key = (spec.get("driver", ""), pool.get("name", ""))
+            if int(pool.get("generation", 0)) == newest[key]:
+                by_pool.setdefault(key, []).append(s)
+        entries: dict[PoolKey, PoolRows] = {}
+        frozen: dict[int, Any] = {}
+        for key in sorted(by_pool):
+            members = tuple(sorted(by_pool[key], key=lambda s: (s.get("metadata") or {}).get("name", "")))
+            entry = self.pools.get(key)
+            if (
+                entry is None
+                or len(entry.slices) != len(members)
+                or any(a is not b for a, b in zip(entry.slices, members, strict=True))
+            ):
+                entry = pool_rows(members, self.published_interned, frozen)
+                self.built += 1
+            entries[key] = entry
+        self.pools = entries  # pools gone from the fleet are dropped
+        if len(self.published_interned) > 2 * len(entries) + 64:
+            self.published_interned = {e.published: e.published for e in entries.values()}
+        return _merge(list(entries.items()))
+
+
+def _merge(entries: list[tuple[PoolKey, PoolRows]]) -> Devices:
+    distinct: dict[Ref, set[Any]] = {}
+    high: set[Ref] = set()
+    for _, entry in entries:
+        for ref, found in entry.values.items():
+            if ref in high:
+                continue
+            seen = distinct.get(ref)
+            if seen is None:
+                seen = distinct[ref] = set(found)
+            else:
+                seen |= found
+            if len(seen) > HIGH_CARDINALITY:
+                high.add(ref)
+    frozen_high = frozenset(high)
+    ids: dict[Any, int] = {}
+    groups: list[list[DeviceInfo]] = []
+    infos: list[DeviceInfo] = []
+    published: list[Published] = []
+    seen_names: set[tuple[str, str, str]] = set()
+    merged_lists: set[int] = set()
+    duplicates: list[tuple[PoolKey, str]] = []
+    for pool, entry in entries:
+        entry.keys_for(frozen_high)
+        sigs = []
+        for key in entry.local_keys:
+            sig = ids.get(key)
+            if sig is None:
+                sig = ids[key] = len(groups)
+                groups.append([])
+            sigs.append(sig)
+        own = entry.infos
+        for i, local in enumerate(entry.local_index):
+            info = own[i]
+            sig = sigs[local]
+            if info.sig != sig:
+                if entry.shared:  # an earlier state holds it: a renumbered device is a new object
+                    info = own[i] = dataclasses.replace(info, sig=sig)
+                else:
+                    info.sig = sig
+            groups[sig].append(info)
+        entry.shared = True
+        infos += own
+        if id(entry.published) not in merged_lists:
+            merged_lists.add(id(entry.published))
+            for item in entry.published:
+                if item[:3] not in seen_names:
+                    seen_names.add(item[:3])
+                    published.append(item)
+        if entry.duplicate:
+            duplicates.append((pool, entry.duplicate))
+    return Devices(infos, groups, frozen_high, published, duplicates)

@@ -1,0 +1,117 @@
+"""Per-pool device rows kept between fleet states (claims.devicerows) compute exactly what a fresh build
+computes, and never change what an earlier state holds.
+
+Random slice changes (pools added, removed, republished with new devices or attribute values, a device
+name published twice, a newer generation) cross the high-cardinality threshold both ways and renumber the
+signature groups. A new seed every run (printed; ``CLAIMSCOPE_ROWS_SEED`` reproduces one).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import random
+import secrets
+from typing import Any
+
+from claims.devicerows import HIGH_CARDINALITY, DeviceRows, Devices
+
+Obj = dict[str, Any]
+MODELS = ["NVIDIA B200", "NVIDIA H100 80GB HBM3", "NVIDIA H200"]
+
+
+def device(rng: random.Random, name: str, serials: int) -> Obj:
+    attrs: Obj = {
+        "productName": {"string": rng.choice(MODELS)},
+        "serial": {"string": f"s-{rng.randrange(serials)}"},  # high-cardinality only when serials is large
+        "driverVersion": {"version": rng.choice(["580.1.0", "580.2.0"])},
+    }
+    if rng.random() < 0.3:
+        attrs["profile"] = {"string": rng.choice(["1g.23gb", "3g.90gb"])}
+    if rng.random() < 0.2:
+        attrs = dict(reversed(list(attrs.items())))  # another layout of the same names
+    out: Obj = {
+        "name": name,
+        "attributes": attrs,
+        "capacity": {"memory": {"value": rng.choice(["80Gi", "23Gi"])}},
+    }
+    if rng.random() < 0.1:
+        out["allowMultipleAllocations"] = True
+    return out
+
+
+def pool_slices(rng: random.Random, pool: int, generation: int, serials: int) -> list[Obj]:
+    count = rng.randint(1, 2)
+    out = []
+    for part in range(count):
+        names = [f"gpu-{part}-{i}" for i in range(rng.randint(0, 4))]
+        if names and rng.random() < 0.05:
+            names.append(names[0])  # an invalid pool
+        out.append(
+            {
+                "kind": "ResourceSlice",
+                "metadata": {"name": f"node-{pool}-slice-{part}-g{generation}"},
+                "spec": {
+                    "driver": rng.choice(["gpu.nvidia.com", "gpu.nvidia.com", "other.example.com"]),
+                    "pool": {"name": f"node-{pool}", "generation": generation, "resourceSliceCount": count},
+                    "nodeName": f"node-{pool}",
+                    "devices": [device(rng, n, serials) for n in names],
+                },
+            }
+        )
+    driver = out[0]["spec"]["driver"]
+    for s in out:
+        s["spec"]["driver"] = driver
+    return out
+
+
+def facts(devices: Devices) -> Any:
+    return (
+        [(i.key, i.sig, i.model, i.profile, id(i.device), i.node) for i in devices.infos],
+        [[i.key for i in group] for group in devices.groups],
+        devices.high_cardinality,
+        devices.published,
+        devices.duplicates,
+    )
+
+
+def test_rows_kept_between_states_compute_what_a_fresh_build_computes() -> None:
+    seed = int(os.environ.get("CLAIMSCOPE_ROWS_SEED") or secrets.randbits(32))
+    print(f"device rows seed {seed}; reproduce with CLAIMSCOPE_ROWS_SEED={seed}")
+    rng = random.Random(seed)
+    serials = rng.choice([HIGH_CARDINALITY // 2, HIGH_CARDINALITY * 4])
+    pools: dict[int, list[Obj]] = {p: pool_slices(rng, p, 1, serials) for p in range(12)}
+    rows = DeviceRows()
+    earlier: list[tuple[Devices, Any]] = []
+    reused = 0
+    for step in range(60):
+        pool = rng.randrange(16)
+        move = rng.random()
+        if move < 0.15:
+            pools.pop(pool, None)
+        elif move < 0.3 and pool in pools:
+            # a newer generation published beside the old one
+            generation = pools[pool][0]["spec"]["pool"]["generation"] + 1
+            pools[pool] = pools[pool] + pool_slices(rng, pool, generation, serials)
+        elif move < 0.4:
+            serials = HIGH_CARDINALITY * 4 if serials < HIGH_CARDINALITY else HIGH_CARDINALITY // 2
+            pools[pool] = pool_slices(rng, pool, 1, serials)
+        elif move < 0.7 or pool not in pools:
+            pools[pool] = pool_slices(rng, pool, 1, serials)
+        else:
+            changed = copy.deepcopy(pools[pool])  # the same pool, new objects with one value changed
+            for s in changed:
+                for d in s["spec"]["devices"]:
+                    d["attributes"]["driverVersion"] = {"version": "581.0.0"}
+            pools[pool] = changed
+        slices = [s for p in sorted(pools, key=str) for s in pools[p]]
+        rng.shuffle(slices)
+        built_before = rows.built
+        kept = rows.devices(slices)
+        reused += len(rows.pools) - (rows.built - built_before)
+        fresh = DeviceRows().devices(list(slices))
+        assert facts(kept) == facts(fresh), f"seed {seed}, step {step}"
+        earlier.append((kept, facts(kept)))
+        for devices, seen in earlier:
+            assert facts(devices) == seen, f"seed {seed}, step {step}: an earlier state's devices changed"
+    assert reused > 0, f"seed {seed}: no pool's rows were ever reused"
