@@ -2,7 +2,9 @@ from django.conf import settings
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_not_required
+from django.templatetags.static import static
 from django.urls import include, path
+from django.views.generic import RedirectView
 
 from dashboard import metrics, views
 
@@ -13,6 +15,9 @@ urlpatterns = [
     path("healthz", views.healthz, name="healthz"),
     path("metrics", metrics.metrics, name="metrics"),
     path("readyz", views.readyz, name="readyz"),
+    # Browsers ask for /favicon.ico on pages that name no icon (the browsable API's); the icon is a public
+    # static asset like the stylesheets.
+    path("favicon.ico", login_not_required(RedirectView.as_view(url=static("favicon.svg"), permanent=True))),
     path(
         "accounts/login/",
         auth_views.LoginView.as_view(

@@ -8,6 +8,7 @@ from io import StringIO
 
 import orjson
 import pytest
+from django.contrib.staticfiles import finders
 from django.core.management import call_command
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
@@ -30,6 +31,12 @@ def test_every_fleet_page_redirects_anonymous_users_to_login(client, fleet):
     for path in PAGES + detail:
         response = client.get(path)
         assert response.status_code == 302 and "login" in response["Location"], path
+
+
+def test_the_browsers_favicon_request_gets_the_static_icon_without_a_login(client):
+    response = client.get("/favicon.ico")
+    assert response.status_code == 301 and response["Location"].endswith("/favicon.svg")
+    assert finders.find("favicon.svg")  # served by the static files handler, not by these views
 
 
 @pytest.mark.parametrize(
