@@ -436,7 +436,7 @@
   }
 
   function showUsageStatus() {
-    const when = (iso) => new Date(iso).toLocaleString([], { weekday: "short", hour: "2-digit", minute: "2-digit" });
+    const when = (iso) => new Date(iso).toLocaleString([], { weekday: "short", hour: "2-digit", minute: "2-digit", hourCycle: "h23" });
     if (usage.unavailable_since) {
       usageStatus.textContent = "utilization unavailable since " + when(usage.unavailable_since);
       plot.dataset.usage = "unavailable";

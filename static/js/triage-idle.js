@@ -17,7 +17,7 @@
     .then((report) => {
       box.replaceChildren();
       if (report.unavailable_since) {
-        box.append(element("p", "Utilization unavailable since " + new Date(report.unavailable_since).toLocaleString() + ".", "warning"));
+        box.append(element("p", "Utilization unavailable since " + new Date(report.unavailable_since).toLocaleString([], { hourCycle: "h23" }) + ".", "warning"));
       }
       if (!report.claims.length) {
         box.append(element("p", "No claim held GPUs idle in this window (or no utilization was sampled).", "muted"));
