@@ -18,7 +18,9 @@ the simulator (``bench/e2e/simserver.py``: L fleet, 40,000 claims of which 2,000
    websocket latency. Afterwards ``manage.py verify`` (nothing lost in the database) and the client's rows
    against a fresh snapshot (nothing lost on the feed);
 3. diagnosis: ``update_diagnoses`` (incremental) and ``recompute_diagnoses`` (full) durations from the
-   default worker's log, and the first run after a single fleet change at a quiet moment;
+   default worker's log; per churn probe, the time until its diagnosis was stored and a ``/ws/pending/``
+   client was told (target p99 ≤ 2 s at L, issue 18; see ``pending_latencies``); and the first run after a
+   single fleet change at a quiet moment;
 4. load: ``locust --headless`` with ``--users`` users on pages and the API (``bench/e2e/locustfile.py``);
 5. peak RSS per process (``VmHWM``, children included) and the database size.
 
@@ -335,7 +337,74 @@ def fresh_snapshot(port: int, session: str) -> dict[str, Any]:
     return {"rows": client.rows, "seconds": client.snapshot_seconds, "error": client.error}
 
 
-def latencies(probes: list[list[Any]], client: FeedClient) -> tuple[list[float], int]:
+class PendingClient(threading.Thread):
+    """A logged-in ``/ws/pending/`` client (what an open pending page is) that timestamps every
+    ``changed`` message: the page refetches its rows on each."""
+
+    def __init__(self, port: int, session: str) -> None:
+        super().__init__(daemon=True)
+        self.port, self.session = port, session
+        self.told: list[float] = []
+        self.hello = False
+        self.stopping = threading.Event()
+        self.error: str | None = None
+
+    def run(self) -> None:
+        try:
+            asyncio.run(self._run())
+        except Exception as exc:  # reported, not raised
+            self.error = repr(exc)
+
+    async def _run(self) -> None:
+        from websockets.asyncio.client import connect
+
+        async with connect(
+            f"ws://127.0.0.1:{self.port}/ws/pending/?cluster={CLUSTER}",
+            origin=f"http://127.0.0.1:{self.port}",  # type: ignore[arg-type]
+            additional_headers={"Cookie": f"sessionid={self.session}"},
+            open_timeout=60,
+            ping_timeout=None,
+        ) as ws:
+            while not self.stopping.is_set():
+                try:
+                    raw = await asyncio.wait_for(ws.recv(), timeout=0.5)
+                except TimeoutError:
+                    continue
+                kind = json.loads(raw).get("type")
+                if kind == "hello":
+                    self.hello = True
+                elif kind == "changed":
+                    self.told.append(time.time())
+
+
+def pending_latencies(
+    seen: list[tuple[float, float]], runs: list[tuple[float, float]], told: list[float]
+) -> tuple[list[float], int]:
+    """Change -> its diagnosis stored and open pending pages told, per probe.
+
+    ``seen``: (written, shown on the heatmap) of each probe the feed showed; ``runs``: (end, duration) of
+    the diagnosis tasks; ``told``: when the pending websocket said "changed". A probe was committed by the
+    time the heatmap showed it, so the first diagnosis run that started after that applied it (it reads
+    every logged change up to its start), and the first "changed" message after that run's end is when a
+    pending page refetched rows holding it. An upper bound: a run that started between the commit and the
+    heatmap message applied it already."""
+    starts = sorted((end - duration, end) for end, duration in runs)
+    start_times = [start for start, _ in starts]
+    out, missed = [], 0
+    for written, shown in seen:
+        i = bisect.bisect_left(start_times, shown)
+        if i == len(starts):
+            missed += 1
+            continue
+        j = bisect.bisect_left(told, starts[i][1])
+        if j == len(told):
+            missed += 1
+            continue
+        out.append(told[j] - written)
+    return out, missed
+
+
+def latencies(probes: list[list[Any]], client: FeedClient) -> tuple[list[tuple[float, float]], int]:
     """Match each change the fleet source wrote with the first message that shows it.
 
     A message counts only before the next write of the same value to the same cell: after it, showing the
@@ -344,7 +413,8 @@ def latencies(probes: list[list[Any]], client: FeedClient) -> tuple[list[float],
     made a p99 of 169 s out of a few such changes in a 5-minute churn of 500 nodes). Only a message that
     turns the probed part of the cell (its slices, or its taint flag) into the value counts: a taint put on
     and taken off within a window leaves the flag shown off, and the next message changing the cell's
-    slices must not count as showing "taint off" (one such match made a 68-s maximum).
+    slices must not count as showing "taint off" (one such match made a 68-s maximum). Returns (written,
+    shown) of each matched probe, and how many were missed.
     """
     same: dict[tuple[str, int, str, int], list[float]] = defaultdict(list)
     for t, row, index, what, value in probes:
@@ -369,7 +439,7 @@ def latencies(probes: list[list[Any]], client: FeedClient) -> tuple[list[float],
             # The cell's first change after the snapshot: what it was before is not kept, so it counts.
             turned = k == 0 or seen[k - 1][part] != want
             if seen[k][part] == want and turned:
-                out.append(when - t)
+                out.append((t, when))
                 break
         else:
             missed += 1
@@ -709,7 +779,10 @@ def main() -> int:
         # ---- churn with a websocket client watching
         client = FeedClient(port, session)
         client.start()
+        pending_client = PendingClient(port, session)
+        pending_client.start()
         wait_for("the websocket snapshot", lambda: client.snapshot_at is not None or client.error, 300, 0.2)
+        wait_for("the pending websocket", lambda: pending_client.hello or pending_client.error, 120, 0.2)
         if client.error:
             raise SystemExit(f"websocket client failed: {client.error}")
         say(f"websocket snapshot: {len(client.rows)} rows in {client.snapshot_seconds:.2f}s")
@@ -762,7 +835,8 @@ def main() -> int:
         changes = [[row, index, *c] for (row, index), seen in client.changes.items() for c in seen]
         (run_dir / "ws-changes.json").write_text(json.dumps(changes))
         probes = [json.loads(line) for line in (run_dir / "probes.jsonl").read_text().splitlines()]
-        lat, missed = latencies(probes, client)
+        shown, missed = latencies(probes, client)
+        lat = [when - t for t, when in shown]
         rc, secs, out = manage(env, "verify", "--cluster", CLUSTER)
         results["churn"] = {
             **churn,
@@ -792,6 +866,11 @@ def main() -> int:
         # At a quiet moment: the recomputations queued by the churn are done first.
         quiet_wait = wait_for("the churn's diagnoses", lambda: diag_idle(diag_log), 1200, 2.0)
         during = diagnosis_runs(diag_log)
+        time.sleep(3)  # the last run's "changed" message
+        pending_client.stopping.set()
+        pending_client.join(5)
+        pending_lat, pending_missed = pending_latencies(shown, during, sorted(pending_client.told))
+        (run_dir / "ws-pending.json").write_text(json.dumps(pending_client.told))
         full_runs = task_runs(diag_log, "claims.tasks.recompute_diagnoses")
         (run_dir / "change.go").write_text("{}")
         wait_for_source(topo, run_dir / "change.done", 60)
@@ -812,6 +891,17 @@ def main() -> int:
             # baseline the incremental updates replace.
             "full_recomputes_s": [round(d, 1) for _, d in full_runs],
             "waited_for_churn_diagnoses_s": round(quiet_wait, 1),
+            # Each heatmap probe of the churn -> its diagnosis stored and /ws/pending/ told (upper bound).
+            "churn_change_to_pending_ws": {
+                "matched": len(pending_lat),
+                "missed": pending_missed,
+                "p50_s": round(percentile(pending_lat, 0.5), 2),
+                "p95_s": round(percentile(pending_lat, 0.95), 2),
+                "p99_s": round(percentile(pending_lat, 0.99), 2),
+                "max_s": round(max(pending_lat) if pending_lat else float("nan"), 2),
+                "ws_messages": len(pending_client.told),
+                "client_error": pending_client.error,
+            },
             "after_change_s": after[0][1],
             "change_to_done_s": round(after[0][0] - t_change, 1),
             "load": load(),
