@@ -102,6 +102,10 @@ class LiveFleet:
                 live._reload(kind)
         return live
 
+    def size(self) -> int:
+        """How many objects the fleet holds."""
+        return sum(len(table) for table in self.objects.values())
+
     def _reload(self, kind: str) -> None:
         rows = _models()[kind].objects.filter(cluster_id=self.cluster_id)
         self.objects[kind] = {key_of(o): object_as_v1(o) for o in _stored(kind, rows, self.shared)}

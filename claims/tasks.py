@@ -53,6 +53,7 @@ UPDATE_WINDOW = 0.5  # seconds: changes inside this window are applied by one up
 RELEVANT_KINDS = frozenset(
     {"ResourceSlice", "DeviceClass", "ResourceClaim", "Pod", "Node", "DeviceTaintRule"}
 )
+FREEZE_ABOVE = 50_000  # objects of a live fleet above which it is frozen out of the collector's sight
 PREPARE_ABOVE = 20  # diagnoses of one state above which the fleet's indexes are built up front
 _local_marks: dict[str, float] = {}
 
@@ -362,12 +363,14 @@ def _recompute(cluster: str, now: str | None) -> dict[str, int]:
         return {}
     state = fleet.state()
     _live[cluster] = _Live(fleet, state, position)
-    # The fleet lives until the next recompute: out of the collector's sight (gc.freeze), full collections
-    # after an update walk what the update made, not ~10^7 objects of the fleet (1.2 s each at L). The
-    # collection first keeps cycles left by earlier work from being frozen for good; the fleet itself is
-    # trees, freed by reference counting when it is replaced.
-    gc.collect()
-    gc.freeze()
+    if fleet.size() > FREEZE_ABOVE:
+        # The fleet lives until the next recompute: out of the collector's sight (gc.freeze), full
+        # collections after an update walk what the update made, not the ~10^7 objects of the fleet (1.2 s
+        # each at L). The collection first keeps cycles left by earlier work from being frozen for good;
+        # the fleet itself is trees, freed by reference counting when it is replaced. Small fleets (the
+        # demo, tests) skip both: a full collection costs more than it saves there.
+        gc.collect()
+        gc.freeze()
     return _diagnose_pending(cluster, state, at)
 
 
