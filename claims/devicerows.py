@@ -75,9 +75,12 @@ class Layout:
     names: tuple[str, ...]
     refs: tuple[Ref, ...]
     kept_for: frozenset[Ref] | None = None
-    keep: Any = None  # (pairs) -> the kept pairs, as a tuple
+    kept_names: tuple[str, ...] = ()
+    keep: Any = None  # (values) -> the kept values, as a tuple
 
-    def keeper(self, high: frozenset[Ref]) -> Any:
+    def keeper(self, high: frozenset[Ref]) -> tuple[tuple[str, ...], Any]:
+        """(the kept names, a function of a device's values giving the kept values). Two devices of
+        layouts with equal kept names and equal kept values have equal (name, value) pairs."""
         if self.kept_for != high:
             kept = [i for i, ref in enumerate(self.refs) if ref not in high]
             if len(kept) == len(self.refs):
@@ -86,18 +89,19 @@ class Layout:
                 self.keep = _nothing
             elif len(kept) == 1:
                 only = kept[0]
-                self.keep = lambda pairs: (pairs[only],)
+                self.keep = lambda values: (values[only],)
             else:
                 self.keep = operator.itemgetter(*kept)
+            self.kept_names = tuple(self.names[i] for i in kept)
             self.kept_for = high
-        return self.keep
+        return self.kept_names, self.keep
 
 
-def _whole(pairs: tuple[Any, ...]) -> tuple[Any, ...]:
-    return pairs
+def _whole(values: tuple[Any, ...]) -> tuple[Any, ...]:
+    return values
 
 
-def _nothing(pairs: tuple[Any, ...]) -> tuple[Any, ...]:
+def _nothing(values: tuple[Any, ...]) -> tuple[Any, ...]:
     return ()
 
 
@@ -107,9 +111,10 @@ class PoolRows:
 
     slices: tuple[Obj, ...]  # held: their identities are the entry's key
     infos: list[DeviceInfo]  # in allocator order, each with the signature last assigned
-    # per device: (allowMultipleAllocations, layout, ((name, frozen value), ...), capacities)
-    parts: list[tuple[bool, Layout, tuple[tuple[str, Any], ...], tuple[tuple[str, Any], ...]]]
-    values: dict[Ref, set[Any]]  # distinct attribute values in this pool
+    # per device: (allowMultipleAllocations, layout, frozen values in the layout's order, capacities)
+    parts: list[tuple[bool, Layout, tuple[Any, ...], tuple[tuple[str, Any], ...]]]
+    # distinct attribute values in this pool: a shared 1-tuple when there is one (most attributes)
+    values: dict[Ref, tuple[Any, ...] | frozenset[Any]]
     published: tuple[Published, ...]  # first occurrences, in device order
     duplicate: str  # the first device name published twice, "" if none
     # signature keys under the high-cardinality set they were made for
@@ -124,18 +129,20 @@ class PoolRows:
         seen: dict[Any, int] = {}
         index = []
         driver = self.infos[0].key[0] if self.infos else ""
-        for multi, layout, pairs, caps in self.parts:
-            key = (driver, multi, layout.keeper(high)(pairs), caps)
+        for multi, layout, values, caps in self.parts:
+            names, keep = layout.keeper(high)
+            key = (driver, multi, names, keep(values), caps)
             index.append(seen.setdefault(key, len(seen)))
         self.high, self.local_keys, self.local_index = high, list(seen), index
 
 
-def pool_rows(
-    slices: tuple[Obj, ...], published_interned: dict[Any, Any], frozen: dict[int, Any]
-) -> PoolRows:
-    """``slices``: the newest slices of one pool (one driver), in name order. ``frozen``: id of a value ->
-    (value, frozen value), for one build: lean objects share equal values (``fleetstate.lean_object``),
-    so most values are frozen once."""
+def pool_rows(slices: tuple[Obj, ...], interned: dict[Any, Any]) -> PoolRows:
+    """``slices``: the newest slices of one pool (one driver), in name order. ``interned``: equal
+    read-only parts of pools, shared."""
+    # id of a value -> (value, frozen value): lean objects share equal values (fleetstate.lean_object),
+    # so most are frozen once per pool. Per pool: a build-wide map would hold every device's unique
+    # values (serials, bus IDs) at once.
+    frozen: dict[int, Any] = {}
 
     def freeze_once(raw: Any) -> Any:
         hit = frozen.get(id(raw))
@@ -144,6 +151,7 @@ def pool_rows(
         return hit[1]
 
     layouts: dict[tuple[str, ...], Layout] = {}
+    capacities: dict[Any, Any] = {}
     rows_of: dict[int, list[tuple[Any, ...]]] = {}  # id(layout) -> each device's frozen values
     infos: list[DeviceInfo] = []
     parts = []
@@ -188,19 +196,28 @@ def pool_rows(
             for cap in capacity:
                 published.setdefault(("c", cap), "quantity")
             caps = tuple(zip(capacity, [freeze_once(v) for v in capacity.values()], strict=True))
+            caps = capacities.setdefault(caps, caps)  # devices of one model share theirs: one tuple
             multi = bool(device.get("allowMultipleAllocations"))
-            parts.append((multi, layout, tuple(zip(attr_names, values, strict=True)), caps))
+            parts.append((multi, layout, values, caps))
     distinct: dict[Ref, set[Any]] = {}
     for layout in layouts.values():
         for ref, column in zip(layout.refs, zip(*rows_of[id(layout)], strict=True), strict=True):
             distinct.setdefault(ref, set()).update(column)
+    # Kept between states for every pool: sets are large (a 1-value set is 216 bytes, 25 MB at L).
+    kept: dict[Ref, tuple[Any, ...] | frozenset[Any]] = {}
+    for ref, found in distinct.items():
+        if len(found) == 1:
+            single = tuple(found)
+            kept[ref] = interned.setdefault((ref, single), single)
+        else:
+            kept[ref] = frozenset(found)
     listed = tuple((k, driver, n, t) for (k, n), t in published.items())
     return PoolRows(
         slices=slices,
         infos=infos,
         parts=parts,
-        values=distinct,
-        published=published_interned.setdefault(listed, listed),
+        values=kept,
+        published=interned.setdefault(listed, listed),
         duplicate=duplicate,
     )
 
@@ -221,7 +238,8 @@ class DeviceRows:
     """Per-pool rows by pool, reused while a pool's slices are the same objects."""
 
     pools: dict[PoolKey, PoolRows] = field(default_factory=dict)
-    published_interned: dict[Any, Any] = field(default_factory=dict, repr=False)
+    interned: dict[Any, Any] = field(default_factory=dict, repr=False)
+    interned_limit: int = 4096  # rebuilt from the kept pools above this size
     built: int = 0  # entries computed (not reused), for tests and benchmarks
 
     def devices(self, slices: list[Obj]) -> Devices:
@@ -242,7 +260,6 @@ class DeviceRows:
             if int(pool.get("generation", 0)) == newest[key]:
                 by_pool.setdefault(key, []).append(s)
         entries: dict[PoolKey, PoolRows] = {}
-        frozen: dict[int, Any] = {}
         for key in sorted(by_pool):
             members = tuple(sorted(by_pool[key], key=lambda s: (s.get("metadata") or {}).get("name", "")))
             entry = self.pools.get(key)
@@ -251,12 +268,16 @@ class DeviceRows:
                 or len(entry.slices) != len(members)
                 or any(a is not b for a, b in zip(entry.slices, members, strict=True))
             ):
-                entry = pool_rows(members, self.published_interned, frozen)
+                entry = pool_rows(members, self.interned)
                 self.built += 1
             entries[key] = entry
         self.pools = entries  # pools gone from the fleet are dropped
-        if len(self.published_interned) > 2 * len(entries) + 64:
-            self.published_interned = {e.published: e.published for e in entries.values()}
+        if len(self.interned) > self.interned_limit:  # parts of pools long gone
+            live: dict[Any, Any] = {}
+            for e in entries.values():
+                live[e.published] = e.published
+                live.update(((ref, v), v) for ref, v in e.values.items() if isinstance(v, tuple))
+            self.interned, self.interned_limit = live, 2 * len(live) + 4096
         return _merge(list(entries.items()))
 
 
@@ -271,7 +292,7 @@ def _merge(entries: list[tuple[PoolKey, PoolRows]]) -> Devices:
             if seen is None:
                 seen = distinct[ref] = set(found)
             else:
-                seen |= found
+                seen.update(found)
             if len(seen) > HIGH_CARDINALITY:
                 high.add(ref)
     frozen_high = frozenset(high)
