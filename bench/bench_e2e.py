@@ -257,38 +257,32 @@ def manage(env: dict[str, str], *args: str, timeout: float = 900) -> tuple[int, 
 # ------------------------------------------------------------------------------------------- websocket
 
 
-class FeedClient(threading.Thread):
-    """A logged-in ``/ws/fleet/`` client that timestamps every heatmap cell change it receives."""
+class WsClient(threading.Thread):
+    """A logged-in websocket client (session cookie, Origin header) handing each message to ``handle``;
+    a failure is kept in ``error``, not raised: the run goes on and says what broke."""
+
+    path = ""
 
     def __init__(self, port: int, session: str) -> None:
         super().__init__(daemon=True)
         self.port, self.session = port, session
-        self.rows: dict[str, list[Any]] = {}
-        self.cells: dict[tuple[str, int], tuple[int, int]] = {}  # (row, index) -> (slices, tainted)
-        self.changes: dict[tuple[str, int], list[tuple[float, int, int]]] = defaultdict(list)
-        self.snapshot_at: float | None = None
-        self.snapshot_seconds: float | None = None
-        self.messages = 0
-        self.log: list[tuple[float, str, int, int]] = []  # (received, type, version, rows)
-        self.gaps = 0
-        self.version = 0
         self.stopping = threading.Event()
         self.error: str | None = None
+        self.t0 = 0.0  # when it connected
 
     def run(self) -> None:
         try:
             asyncio.run(self._run())
-        except Exception as exc:  # reported, not raised: the run goes on and says what broke
+        except Exception as exc:
             self.error = repr(exc)
 
     async def _run(self) -> None:
         from websockets.asyncio.client import connect
 
-        origin = f"http://127.0.0.1:{self.port}"
-        t0 = time.time()
+        self.t0 = time.time()
         async with connect(
-            f"ws://127.0.0.1:{self.port}/ws/fleet/",
-            origin=origin,  # type: ignore[arg-type]
+            f"ws://127.0.0.1:{self.port}{self.path}",
+            origin=f"http://127.0.0.1:{self.port}",  # type: ignore[arg-type]
             additional_headers={"Cookie": f"sessionid={self.session}"},
             max_size=None,
             open_timeout=60,
@@ -299,14 +293,34 @@ class FeedClient(threading.Thread):
                     raw = await asyncio.wait_for(ws.recv(), timeout=0.5)
                 except TimeoutError:
                     continue
-                now = time.time()
-                self.handle(json.loads(raw), now, t0)
+                self.handle(json.loads(raw), time.time())
 
-    def handle(self, msg: Obj, now: float, t0: float) -> None:
+    def handle(self, msg: Obj, now: float) -> None:
+        raise NotImplementedError
+
+
+class FeedClient(WsClient):
+    """A ``/ws/fleet/`` client that timestamps every heatmap cell change it receives."""
+
+    path = "/ws/fleet/"
+
+    def __init__(self, port: int, session: str) -> None:
+        super().__init__(port, session)
+        self.rows: dict[str, list[Any]] = {}
+        self.cells: dict[tuple[str, int], tuple[int, int]] = {}  # (row, index) -> (slices, tainted)
+        self.changes: dict[tuple[str, int], list[tuple[float, int, int]]] = defaultdict(list)
+        self.snapshot_at: float | None = None
+        self.snapshot_seconds: float | None = None
+        self.messages = 0
+        self.log: list[tuple[float, str, int, int]] = []  # (received, type, version, rows)
+        self.gaps = 0
+        self.version = 0
+
+    def handle(self, msg: Obj, now: float) -> None:
         self.messages += 1
         self.log.append((now, str(msg.get("type")), int(msg.get("version", 0)), len(msg.get("rows", {}))))
         if msg.get("type") == "snapshot":
-            self.snapshot_at, self.snapshot_seconds = now, now - t0
+            self.snapshot_at, self.snapshot_seconds = now, now - self.t0
             self.rows = dict(msg["rows"])
             for key, row in self.rows.items():
                 for cell in row[4]:
@@ -337,44 +351,22 @@ def fresh_snapshot(port: int, session: str) -> dict[str, Any]:
     return {"rows": client.rows, "seconds": client.snapshot_seconds, "error": client.error}
 
 
-class PendingClient(threading.Thread):
-    """A logged-in ``/ws/pending/`` client (what an open pending page is) that timestamps every
-    ``changed`` message: the page refetches its rows on each."""
+class PendingClient(WsClient):
+    """A ``/ws/pending/`` client (what an open pending page is) that timestamps every ``changed``
+    message: the page refetches its rows on each."""
+
+    path = f"/ws/pending/?cluster={CLUSTER}"
 
     def __init__(self, port: int, session: str) -> None:
-        super().__init__(daemon=True)
-        self.port, self.session = port, session
+        super().__init__(port, session)
         self.told: list[float] = []
         self.hello = False
-        self.stopping = threading.Event()
-        self.error: str | None = None
 
-    def run(self) -> None:
-        try:
-            asyncio.run(self._run())
-        except Exception as exc:  # reported, not raised
-            self.error = repr(exc)
-
-    async def _run(self) -> None:
-        from websockets.asyncio.client import connect
-
-        async with connect(
-            f"ws://127.0.0.1:{self.port}/ws/pending/?cluster={CLUSTER}",
-            origin=f"http://127.0.0.1:{self.port}",  # type: ignore[arg-type]
-            additional_headers={"Cookie": f"sessionid={self.session}"},
-            open_timeout=60,
-            ping_timeout=None,
-        ) as ws:
-            while not self.stopping.is_set():
-                try:
-                    raw = await asyncio.wait_for(ws.recv(), timeout=0.5)
-                except TimeoutError:
-                    continue
-                kind = json.loads(raw).get("type")
-                if kind == "hello":
-                    self.hello = True
-                elif kind == "changed":
-                    self.told.append(time.time())
+    def handle(self, msg: Obj, now: float) -> None:
+        if msg.get("type") == "hello":
+            self.hello = True
+        elif msg.get("type") == "changed":
+            self.told.append(now)
 
 
 def pending_latencies(
@@ -444,6 +436,13 @@ def latencies(probes: list[list[Any]], client: FeedClient) -> tuple[list[tuple[f
         else:
             missed += 1
     return out, missed
+
+
+def quantiles(values: list[float], digits: int) -> dict[str, float]:
+    """p50, p95, p99 and max of ``values`` (seconds), rounded."""
+    out = {f"p{round(q * 100)}_s": round(percentile(values, q), digits) for q in (0.5, 0.95, 0.99)}
+    out["max_s"] = round(max(values) if values else float("nan"), digits)
+    return out
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -845,10 +844,7 @@ def main() -> int:
             "probes": len(probes),
             "matched": len(lat),
             "missed": missed,
-            "p50_s": round(percentile(lat, 0.5), 3),
-            "p95_s": round(percentile(lat, 0.95), 3),
-            "p99_s": round(percentile(lat, 0.99), 3),
-            "max_s": round(max(lat) if lat else float("nan"), 3),
+            **quantiles(lat, 3),
             "ws_messages": client.messages,
             "ws_version_gaps": client.gaps,
             "ws_rows_equal_fresh": feed_equal,
@@ -895,10 +891,7 @@ def main() -> int:
             "churn_change_to_pending_ws": {
                 "matched": len(pending_lat),
                 "missed": pending_missed,
-                "p50_s": round(percentile(pending_lat, 0.5), 2),
-                "p95_s": round(percentile(pending_lat, 0.95), 2),
-                "p99_s": round(percentile(pending_lat, 0.99), 2),
-                "max_s": round(max(pending_lat) if pending_lat else float("nan"), 2),
+                **quantiles(pending_lat, 2),
                 "ws_messages": len(pending_client.told),
                 "client_error": pending_client.error,
             },
