@@ -42,7 +42,7 @@ def device(rng: random.Random, name: str, serials: int) -> Obj:
 
 def pool_slices(rng: random.Random, pool: int, generation: int, serials: int) -> list[Obj]:
     count = rng.randint(1, 2)
-    out = []
+    out: list[Obj] = []
     for part in range(count):
         names = [f"gpu-{part}-{i}" for i in range(rng.randint(0, 4))]
         if names and rng.random() < 0.05:
