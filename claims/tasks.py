@@ -358,10 +358,12 @@ def _recompute(cluster: str, now: str | None) -> dict[str, int]:
         _live[cluster] = _Live(fleet, state, position)
         if fleet.size() > FREEZE_ABOVE:
             # The fleet lives until the next recompute: out of the collector's sight (gc.freeze), full
-            # collections during updates walk what the updates made, not the fleet (1.2 s each at L). The
-            # collection first keeps cycles left by earlier work from being frozen for good; the fleet
-            # itself is trees, freed by reference counting when it is replaced. Small fleets (the demo,
-            # tests) skip both: a full collection costs more than it saves there.
+            # collections during updates walk what the updates made, not the fleet (1.2 s each at L). What
+            # an earlier freeze kept is given back first, and one collection frees the cycles left meanwhile,
+            # so nothing stays frozen for good; the fleet itself is trees, freed by reference counting when
+            # it is replaced. Small fleets (the demo, tests) skip this: a full collection costs more than it
+            # saves there.
+            gc.unfreeze()
             gc.collect()
             gc.freeze()
     return _diagnose_pending(cluster, state, at)
