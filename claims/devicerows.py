@@ -20,6 +20,7 @@ import operator
 from dataclasses import dataclass, field
 from typing import Any
 
+from claims.cel import parse_qualified_name
 from fleet.normalize import model_family
 
 Obj = dict[str, Any]
@@ -29,11 +30,6 @@ PoolKey = tuple[str, str]  # (driver, pool name)
 # (kind "a" or "c", driver, raw name, value type): what the lint's published names are made of
 Published = tuple[str, str, str, str]
 HIGH_CARDINALITY = 32  # distinct values across the fleet above which an attribute is high-cardinality
-
-
-def qualified(name: str, driver: str) -> tuple[str, str]:
-    domain, sep, ident = name.partition("/")
-    return (domain, ident) if sep else (driver, name)
 
 
 def freeze(raw: Any) -> Any:
@@ -183,7 +179,7 @@ def pool_rows(slices: tuple[Obj, ...], interned: dict[Any, Any]) -> PoolRows:
             attr_names = tuple(attrs)
             layout = layouts.get(attr_names)
             if layout is None:
-                refs = tuple(("attributes", *qualified(a, driver)) for a in attr_names)
+                refs = tuple(("attributes", *parse_qualified_name(a, driver)) for a in attr_names)
                 layout = layouts[attr_names] = Layout(attr_names, refs)
                 rows_of[id(layout)] = []
                 for a in attr_names:
@@ -246,22 +242,17 @@ class DeviceRows:
         """The devices of the newest generation of every pool of ``slices``, in allocator order (pool,
         slice, device), with their signatures: equal for devices whose low-cardinality data is identical,
         so a selector that reads only such data has one result per signature group."""
-        newest: dict[PoolKey, int] = {}
+        by_pool: dict[PoolKey, list[tuple[int, Obj]]] = {}  # (generation, slice)
         for s in slices:
             spec = s.get("spec") or {}
             pool = spec.get("pool") or {}
             key = (spec.get("driver", ""), pool.get("name", ""))
-            newest[key] = max(newest.get(key, 0), int(pool.get("generation", 0)))
-        by_pool: dict[PoolKey, list[Obj]] = {}
-        for s in slices:
-            spec = s.get("spec") or {}
-            pool = spec.get("pool") or {}
-            key = (spec.get("driver", ""), pool.get("name", ""))
-            if int(pool.get("generation", 0)) == newest[key]:
-                by_pool.setdefault(key, []).append(s)
+            by_pool.setdefault(key, []).append((int(pool.get("generation", 0)), s))
         entries: dict[PoolKey, PoolRows] = {}
         for key in sorted(by_pool):
-            members = tuple(sorted(by_pool[key], key=lambda s: (s.get("metadata") or {}).get("name", "")))
+            newest = max(0, *(generation for generation, _ in by_pool[key]))
+            current = [s for generation, s in by_pool[key] if generation == newest]
+            members = tuple(sorted(current, key=lambda s: (s.get("metadata") or {}).get("name", "")))
             entry = self.pools.get(key)
             if (
                 entry is None

@@ -73,14 +73,11 @@ class FleetState:
     objects: dict[str, list[Obj]] = field(default_factory=lambda: {k: [] for k in KINDS})
     cluster: str = ""
     _snapshot: FleetSnapshot | None = field(default=None, repr=False)
-    _devices: list[DeviceInfo] | None = field(default=None, repr=False)
     _holders: dict[DeviceKey, list[Obj]] | None = field(default=None, repr=False)
     _pods_by_claim: dict[tuple[str, str], list[Obj]] | None = field(default=None, repr=False)
-    _groups: list[list[DeviceInfo]] | None = field(default=None, repr=False)
+    _device_rows: Devices | None = field(default=None, repr=False)
     # Per-pool rows kept between the states of a live fleet (claims.livestate); None: computed afresh.
     rows: DeviceRows | None = field(default=None, repr=False)
-    # (kind, domain, name) of attributes with many distinct values (uuid, pciBusID, ...)
-    high_cardinality: frozenset[tuple[str, str, str]] = frozenset()
     # (selector expression, projection) -> bool | error message, shared by every diagnosis on this state
     results: dict[tuple[str, Any], bool | str] = field(default_factory=dict, repr=False)
     evaluations: int = 0
@@ -206,13 +203,14 @@ class FleetState:
         return self._rows().infos
 
     def _rows(self) -> Devices:
-        found: Devices | None = self.__dict__.get("_device_rows")
-        if found is None:
-            found = (self.rows or DeviceRows()).devices(self.objects["ResourceSlice"])
-            self.__dict__["_device_rows"] = found
-            self._devices, self._groups = found.infos, found.groups
-            self.high_cardinality = found.high_cardinality
-        return found
+        if self._device_rows is None:
+            self._device_rows = (self.rows or DeviceRows()).devices(self.objects["ResourceSlice"])
+        return self._device_rows
+
+    @property
+    def high_cardinality(self) -> frozenset[tuple[str, str, str]]:
+        """(kind, domain, name) of attributes with many distinct values (uuid, pciBusID, ...)."""
+        return self._rows().high_cardinality
 
     def published(self) -> list[Published]:
         """(kind "a" or "c", driver, raw name, value type) of every attribute and capacity published
@@ -231,9 +229,7 @@ class FleetState:
 
     def signature_groups(self) -> list[list[DeviceInfo]]:
         """Devices grouped by signature, each group in allocator order."""
-        self.devices()
-        assert self._groups is not None
-        return self._groups
+        return self._rows().groups
 
     def holders(self) -> dict[DeviceKey, list[Obj]]:
         """Claims whose allocation names each device (adminAccess results excluded)."""

@@ -9,7 +9,7 @@ import threading
 import pytest
 from django.db import connection, transaction
 
-from fleet import ingest
+from fleet import gcpause, ingest
 from fleet.kube import reflector
 from fleet.models import Device, Node
 from fleet.normalize import normalize
@@ -73,8 +73,8 @@ def test_overlapping_relists_keep_the_collector_off_until_the_last_one_ends():
     # The worker's threads relist a cluster's kinds at the same time: the first relist to end must not
     # turn the collector back on under the others.
     assert gc.isenabled()
-    first = reflector.cyclic_gc_paused()
-    second = reflector.cyclic_gc_paused()
+    first = gcpause.cyclic_gc_paused()
+    second = gcpause.cyclic_gc_paused()
     first.__enter__()
     second.__enter__()
     first.__exit__(None, None, None)
@@ -83,7 +83,7 @@ def test_overlapping_relists_keep_the_collector_off_until_the_last_one_ends():
     assert gc.isenabled()
     gc.disable()
     try:  # off before the first one began: stays off after the last one
-        with reflector.cyclic_gc_paused(), reflector.cyclic_gc_paused():
+        with gcpause.cyclic_gc_paused(), gcpause.cyclic_gc_paused():
             pass
         assert not gc.isenabled()
     finally:
