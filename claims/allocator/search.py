@@ -120,8 +120,14 @@ class Allocator(DeviceState):
         # A device held exclusively (by an allocated claim or this attempt) cannot be shared either.
         if not request.admin_access and (c.key in self.in_use or c.key in self.allocating):
             return None
-        if request.admin_access and any(r[1].key == c.key for r in self.results[ci]):
-            return None  # admin access may reuse devices, but not within the same claim
+        if (
+            request.admin_access
+            and not shared
+            and any(r[1].key == c.key and r[2] is None for r in self.results[ci])
+        ):
+            # Admin access may reuse devices, but not a dedicated one within the same claim (upstream:
+            # allocatingDeviceForClaim, which records dedicated devices only; shares stay reusable).
+            return None
         consumed = self._capacity_for(request, c, False) if shared or request.capacity_requests else {}
         # A shared device's counters are charged by its first share only (upstream: skipCounterCheck).
         already_charged = shared and (c.key in self.shared or self.sharing.get(c.key, 0) > 0)

@@ -524,6 +524,21 @@ def test_further_shares_of_a_device_do_not_charge_its_counters_again():
     assert picked(allocate(two, "node-1", snap)) == ["a", "a"]
 
 
+def test_admin_access_reuses_a_share_of_the_same_claim_but_not_a_dedicated_device():
+    # allocator_incubating.go allocateDevice: admin access skips devices this claim already holds
+    # (allocatingDeviceForClaim), which records dedicated devices only; a share stays reusable.
+    # Differential seed 1068249823 case 439.
+    gib = {"capacity": {"requests": {"memory": "1Gi"}}}
+    two = [
+        {"name": "first", "exactly": {"deviceClassName": "example", **gib}},
+        {"name": "admin", "exactly": {"deviceClassName": "example", "adminAccess": True, **gib}},
+    ]
+    shared = fleet(rslice("s", [_shareable("a")]))
+    assert picked(allocate([claim(requests=two)], "node-1", shared)) == ["a", "a"]
+    dedicated = fleet(rslice("s", [dev("a")]))
+    assert not allocate([claim(requests=two)], "node-1", dedicated).ok
+
+
 def test_admin_access_consumes_counters_like_any_allocation():
     counters = rslice(
         "counters", None, count=2, sharedCounters=[{"name": "cs", "counters": {"mem": {"value": "4"}}}]
