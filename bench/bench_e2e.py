@@ -7,7 +7,8 @@
 The scratch database is dropped and created again, and the Redis database flushed: never point this at
 data you keep. Processes (each in its own process group, all stopped at the end, logs in ``--dir``):
 the simulator (``bench/e2e/simserver.py``: L fleet, 40,000 claims of which 2,000 pending, 38,000 pods),
-``celery worker -Q watch -P threads -c 16``, ``celery worker -Q celery -c 2``, ``celery beat``, and
+``celery worker -Q watch -P threads -c 16``, ``celery worker -Q celery -c 2``, ``celery worker -Q diagnosis -P
+threads -c 4``, ``celery beat``, and
 ``uvicorn dashboard.asgi:application`` on a free port. Phases:
 
 1. initial sync: from spawning the workers to every stream watching with the simulator's object counts
@@ -18,7 +19,7 @@ the simulator (``bench/e2e/simserver.py``: L fleet, 40,000 claims of which 2,000
    websocket latency. Afterwards ``manage.py verify`` (nothing lost in the database) and the client's rows
    against a fresh snapshot (nothing lost on the feed);
 3. diagnosis: ``update_diagnoses`` (incremental) and ``recompute_diagnoses`` (full) durations from the
-   default worker's log; per churn probe, the time until its diagnosis was stored and a ``/ws/pending/``
+   diagnosis worker's log; per churn probe, the time until its diagnosis was stored and a ``/ws/pending/``
    client was told (target p99 ≤ 2 s at L, issue 18; see ``pending_latencies``); and the first run after a
    single fleet change at a quiet moment;
 4. load: ``locust --headless`` with ``--users`` users on pages and the API (``bench/e2e/locustfile.py``);
@@ -740,6 +741,25 @@ def main() -> int:
                 "INFO",
             ],
         )
+        topo.spawn(
+            "worker-diagnosis",
+            [
+                celery,
+                "-A",
+                "dashboard",
+                "worker",
+                "-Q",
+                "diagnosis",
+                "-P",
+                "threads",
+                "-c",
+                "4",
+                "-n",
+                "diagnosis-e2e@%h",
+                "-l",
+                "INFO",
+            ],
+        )
         topo.spawn("beat", [celery, "-A", "dashboard", "beat", "-s", str(run_dir / "celerybeat-schedule")])
         topo.spawn(
             "web",
@@ -858,7 +878,7 @@ def main() -> int:
         say(f"churn results: { {k: v for k, v in results['churn'].items() if k != 'verify_tail'} }")
 
         # ---- diagnosis
-        diag_log = run_dir / "worker-default.log"
+        diag_log = run_dir / "worker-diagnosis.log"
         # At a quiet moment: the recomputations queued by the churn are done first.
         quiet_wait = wait_for("the churn's diagnoses", lambda: diag_idle(diag_log), 1200, 2.0)
         during = diagnosis_runs(diag_log)
@@ -883,7 +903,7 @@ def main() -> int:
         results["diagnosis"] = {
             "pending_claims": pending,
             "runs_before": [round(d, 1) for _, d in during],
-            # The full recomputes of the run (the first update of each worker process, imports): the
+            # The full recomputes of the run (the diagnosis worker's first update, imports): the
             # baseline the incremental updates replace.
             "full_recomputes_s": [round(d, 1) for _, d in full_runs],
             "waited_for_churn_diagnoses_s": round(quiet_wait, 1),

@@ -1,8 +1,9 @@
 """The fleet change events of each cluster, in commit order, for the incremental diagnosis.
 
-Ingest's change listener (``claims.tasks.on_fleet_change``) appends each event; every default-worker process
-reads the events after its own position and applies them to its in-memory fleet (``claims.livestate``), so
-it does not matter which process a task lands on. On Redis: one stream per cluster, capped at
+Ingest's change listener (``claims.tasks.on_fleet_change``) appends each event; the diagnosis worker
+(one process on the "diagnosis" queue) reads the events after its own position and applies them to its
+in-memory fleet (``claims.livestate``); any other process that ran an update would keep its own position
+and fleet, so it would not matter which process a task lands on. On Redis: one stream per cluster, capped at
 ``MAX_EVENTS``, each entry numbered by a counter in the same atomic step, so a reader that fell behind the
 cap sees the gap (and reloads) instead of missing events. Without Redis (the demo, tasks run in-process):
 a list in this process.

@@ -3,11 +3,12 @@
 Every relevant fleet change (slices, classes, claims, pods, nodes) is appended to the cluster's change log
 (``claims.changelog``) by ``on_fleet_change``, which then asks for ``update_diagnoses`` within
 ``UPDATE_WINDOW`` seconds (a Redis ``SET NX PX`` marker absorbs the calls in between, or an in-process one
-when Redis is not configured). Each default-worker process keeps the lean fleet of each cluster in memory
-(``claims.livestate``): an update applies the logged events to it, diagnoses again only the pending claims
-the events reached (their own object or pods, the device groups of their classes in the pools that
-changed, or everything when a class, a node, a pool problem or a relist changed), writes the diagnoses
-that differ from the stored ones and tells open pending pages (``/ws/pending/``).
+when Redis is not configured). The tasks are routed to the "diagnosis" queue, whose one worker process keeps
+the lean fleet of each cluster in memory (``claims.livestate``): an update applies the logged events to it,
+diagnoses again only the pending claims the events reached (their own object or pods, the device groups of
+their classes in the pools that changed, or everything when a class, a node, a pool problem or a relist
+changed), writes the diagnoses that differ from the stored ones and tells open pending pages
+(``/ws/pending/``).
 
 ``recompute_diagnoses`` is the full recompute: it reloads the fleet and diagnoses every pending claim. It
 runs when a process has no fleet yet (a restart) or lost events, after an import, and periodically as a

@@ -156,7 +156,14 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 # task": the L fleet's recompute peaks at about 0.6 GB).
 CELERY_WORKER_MAX_MEMORY_PER_CHILD = env_int("CLAIMSCOPE_WORKER_MAX_MEMORY_MB", 1536, minimum=64) * 1024
 # Watchers (fleet/tasks/watch.py, docs/watchers.md): one stream per (cluster, kind) on the "watch" queue.
-CELERY_TASK_ROUTES = {"fleet.tasks.watch.*": {"queue": "watch"}}
+# The pending-claim diagnoses on the "diagnosis" queue, consumed by one process (threads): the fleet each
+# cluster's incremental update applies its changes to lives in that process's memory (claims/tasks.py), so
+# a second process would hold a second copy and start it with a full recompute.
+CELERY_TASK_ROUTES = {
+    "fleet.tasks.watch.*": {"queue": "watch"},
+    "claims.tasks.update_diagnoses": {"queue": "diagnosis"},
+    "claims.tasks.recompute_diagnoses": {"queue": "diagnosis"},
+}
 CELERY_BEAT_SCHEDULE = {
     "restart-lapsed-streams": {
         "task": "fleet.tasks.watch.restart_lapsed_streams",

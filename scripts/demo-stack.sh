@@ -2,7 +2,7 @@
 # make demo-stack: the production topology on this machine, with the simulator as the cluster.
 #   PostgreSQL + Redis (scripts/services.sh), the simulated cluster behind the Kubernetes API
 #   (manage.py simulate) with its dcgm-exporter stand-in scraped by the real Prometheus, Celery workers for
-#   the watch and default queues, beat (utilization sampling included), and the ASGI server.
+#   the watch, default and diagnosis queues, beat (utilization sampling included), and the ASGI server.
 # Ctrl-C stops every process it started.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -58,6 +58,8 @@ password=$($PY manage.py demo_login)
 .venv/bin/celery -A dashboard worker -Q watch -P threads -c 16 -n watch@%h >"$LOGS/worker-watch.log" 2>&1 &
 pids+=($!)
 .venv/bin/celery -A dashboard worker -Q celery -c 2 -n default@%h >"$LOGS/worker-default.log" 2>&1 &
+pids+=($!)
+.venv/bin/celery -A dashboard worker -Q diagnosis -P threads -c 4 -n diagnosis@%h >"$LOGS/worker-diagnosis.log" 2>&1 &
 pids+=($!)
 .venv/bin/celery -A dashboard beat -s "$CLAIMSCOPE_DATA_DIR/celerybeat-schedule" >"$LOGS/beat.log" 2>&1 &
 pids+=($!)

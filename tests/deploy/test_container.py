@@ -163,7 +163,7 @@ def command(service: dict) -> list[str]:
     return shlex.split(cmd) if isinstance(cmd, str) else [str(part) for part in cmd]
 
 
-def test_compose_runs_the_web_server_both_worker_queues_and_beat(compose):
+def test_compose_runs_the_web_server_the_three_worker_queues_and_beat(compose):
     services = compose["services"]
     assert command(services["web"])[:2] == ["uvicorn", "dashboard.asgi:application"]
     queues = {}
@@ -172,7 +172,8 @@ def test_compose_runs_the_web_server_both_worker_queues_and_beat(compose):
         if cmd[:3] == ["celery", "--app=dashboard", "worker"]:
             queue = next(arg.split("=", 1)[1] for arg in cmd if arg.startswith("--queues="))
             queues[queue] = name
-    assert set(queues) == {"watch", "celery"}
+    assert set(queues) == {"watch", "celery", "diagnosis"}
+    assert "--pool=threads" in command(services[queues["diagnosis"]])
     # The watch streams run as threads of one process, enough for two clusters' seven streams each.
     watch = command(services[queues["watch"]])
     assert "--pool=threads" in watch
@@ -190,7 +191,7 @@ def test_every_long_running_compose_service_has_a_healthcheck_and_waits_for_heal
             continue
         check = service.get("healthcheck", {})
         assert check.get("test") and not check.get("disable"), f"{name} has no healthcheck"
-    for name in ("web", "worker-watch", "worker", "beat"):
+    for name in ("web", "worker-watch", "worker", "worker-diagnosis", "beat"):
         deps = services[name]["depends_on"]
         assert deps["postgres"]["condition"] == deps["redis"]["condition"] == "service_healthy"
         assert deps["migrate"]["condition"] == "service_completed_successfully"
@@ -201,7 +202,7 @@ def test_compose_keeps_data_in_named_volumes_and_runs_the_app_read_only(compose)
     assert "postgres-data:/var/lib/postgresql/data" in services["postgres"]["volumes"]
     assert "redis-data:/data" in services["redis"]["volumes"]
     assert set(compose["volumes"]) == {"postgres-data", "redis-data"}
-    for name in ("web", "worker-watch", "worker", "beat", "migrate"):
+    for name in ("web", "worker-watch", "worker", "worker-diagnosis", "beat", "migrate"):
         service = services[name]
         assert service["read_only"] is True and service["cap_drop"] == ["ALL"], name
         assert "no-new-privileges:true" in service["security_opt"], name

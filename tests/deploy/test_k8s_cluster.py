@@ -102,7 +102,7 @@ def test_the_web_worker_and_beat_pods_are_admitted_under_the_restricted_pod_secu
     control_plane, manifests, installed
 ):
     pods = deployment_pods(manifests)
-    assert set(pods) == {"web", "worker-watch", "worker", "beat"}
+    assert set(pods) == {"web", "worker-watch", "worker", "worker-diagnosis", "beat"}
     for name, pod in pods.items():
         result = control_plane.kubectl(
             "create", "--dry-run=server", "-f", "-", stdin=yaml.safe_dump(pod), check=False
@@ -337,7 +337,13 @@ def test_only_the_watchers_carry_a_kubernetes_token(manifests):
         name: d["spec"]["template"]["spec"].get("automountServiceAccountToken")
         for name, d in deployments(manifests).items()
     }
-    assert mounted == {"web": False, "worker": False, "beat": False, "worker-watch": True}
+    assert mounted == {
+        "web": False,
+        "worker": False,
+        "worker-diagnosis": False,
+        "beat": False,
+        "worker-watch": True,
+    }
     watch = deployments(manifests)["worker-watch"]["spec"]["template"]["spec"]
     assert watch["serviceAccountName"] == "claimscope"
     service_account = next(d for d in manifests if d["kind"] == "ServiceAccount")
@@ -355,7 +361,7 @@ def test_the_roles_run_the_right_commands_with_probes(manifests):
     }
     assert paths == {"startupProbe": "/healthz", "readinessProbe": "/readyz", "livenessProbe": "/healthz"}
     queues = {}
-    for name in ("worker-watch", "worker"):
+    for name in ("worker-watch", "worker", "worker-diagnosis"):
         container = by_name[name]["spec"]["template"]["spec"]["containers"][0]
         queue = next(a for a in container["command"] if a.startswith("--queues=")).split("=")[1]
         queues[queue] = name
@@ -363,7 +369,11 @@ def test_the_roles_run_the_right_commands_with_probes(manifests):
         assert {e["name"]: e["value"] for e in container["env"]}["CLAIMSCOPE_WORKER_ALIVE_FILE"].startswith(
             "/tmp/"
         )
-    assert queues == {"watch": "worker-watch", "celery": "worker"}
+    assert queues == {"watch": "worker-watch", "celery": "worker", "diagnosis": "worker-diagnosis"}
+    # The diagnoses' fleets live in one process: one replica, its tasks as threads.
+    diagnosis = by_name["worker-diagnosis"]
+    assert diagnosis["spec"]["replicas"] == 1
+    assert "--pool=threads" in diagnosis["spec"]["template"]["spec"]["containers"][0]["command"]
     # The watch streams run as threads of one process, enough for two clusters' seven streams each.
     watch = by_name["worker-watch"]["spec"]["template"]["spec"]["containers"][0]["command"]
     assert "--pool=threads" in watch

@@ -1,9 +1,10 @@
 """The diagnosis trigger end to end, in the production topology.
 
-A claim created on the real control plane is mirrored by a watch worker; ingest's change listener
-enqueues the debounced ``recompute_diagnoses`` on the default queue; a default-queue worker stores the
-diagnosis. Publishing a device that fits must then move the stored diagnosis from ``no-match`` to
-``fits`` with no other prompt: the slice's change event alone has to trigger the recomputation.
+A claim created on the real control plane is mirrored by a watch worker; ingest's change listener enqueues
+``update_diagnoses``, which is routed to the "diagnosis" queue; the diagnosis worker (the only worker here
+besides the watchers) stores the diagnosis. Publishing a device that fits must then move the stored
+diagnosis from ``no-match`` to ``fits`` with no other prompt: the slice's change event alone has to trigger
+the recomputation.
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ def test_a_fleet_change_alone_recomputes_the_stored_diagnosis(
 
     workers = [
         Worker(services, "watch", clusters, log_dir),
-        Worker(services, "default", clusters, log_dir, queues="celery", beat=False),
+        Worker(services, "diagnosis", clusters, log_dir, queues="diagnosis", beat=False),
     ]
     try:
         first = wait_for(
@@ -117,7 +118,7 @@ def test_a_fleet_change_alone_recomputes_the_stored_diagnosis(
         except TimeoutError as err:
             raise AssertionError(
                 f"{err}: stored {stored_diagnosis(services, *CLAIM)}, "
-                f"{services.count(CLUSTER, 'fleet_resourceslice')} slice(s) mirrored; default worker:\n"
+                f"{services.count(CLUSTER, 'fleet_resourceslice')} slice(s) mirrored; diagnosis worker:\n"
                 + workers[1].output()[-3000:]
             ) from None
         assert NODE in fits[1], fits
@@ -194,7 +195,7 @@ def test_the_pending_websocket_announces_a_diagnosis_changed_by_a_slice(
     cookie = session_cookie(client, admin_user)
     workers = [
         Worker(services, "watch", clusters, log_dir),
-        Worker(services, "default", clusters, log_dir, queues="celery", beat=False),
+        Worker(services, "diagnosis", clusters, log_dir, queues="diagnosis", beat=False),
     ]
     try:
         first = wait_for(

@@ -147,7 +147,8 @@ def private_services(pg_port: int = PG_PORT, redis_port: int = REDIS_PORT) -> It
 class Worker:
     """`celery -A dashboard worker -Q watch -B` in its own process group, logging to a file.
 
-    ``queues="celery", beat=False`` is the default-queue worker (diagnoses, history) of production."""
+    ``queues="diagnosis", beat=False`` is the diagnosis worker of production, ``queues="celery"`` its
+    default-queue worker (history, utilization samples)."""
 
     def __init__(
         self,
