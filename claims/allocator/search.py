@@ -8,6 +8,7 @@ import uuid
 from collections.abc import Callable
 from fractions import Fraction
 
+from claims.allocator.config import allocation_config
 from claims.allocator.devices import DeviceState
 from claims.allocator.nodes import allocation_node_selector, klog, obj_name
 from claims.allocator.requests import Candidate, ClaimData, Constraint, Request, format_quantity, make_request
@@ -262,6 +263,10 @@ class Allocator(DeviceState):
                 elif source.get("nodeSelector"):
                     selectors.append(source["nodeSelector"])
             allocation: Obj = {"devices": {"results": results}}
+            chosen = {request.parent: request.name for request, _, _ in self.results[ci]}
+            config = allocation_config(data.claim, chosen, self.snapshot.classes)
+            if config:
+                allocation["devices"]["config"] = config
             node_selector = allocation_node_selector(obj_name(self.node), pinned, selectors)
             if node_selector is not None:
                 allocation["nodeSelector"] = node_selector

@@ -52,10 +52,6 @@ _MISSING_CLASS = re.compile(r"^claim \S+, request (\S+): could not retrieve devi
 
 # Entries where the engine disagrees with upstream and is not fixed yet (strict: an xfail that starts passing
 # fails the run, so the list cannot go stale). Each reason is listed in tests/controlplane/FINDINGS.md.
-_CONFIG = (
-    "the engine does not copy class and claim opaque config into status.allocation.devices.config "
-    "(the chosen devices and node selector agree)"
-)
 _INT64 = "the engine computes capacity with exact fractions, not aborting on values int64 cannot represent"
 _LIST_ATTRIBUTES = (
     "list-valued attributes with the DRAListTypeAttributes gate off: the engine reads lists as lists "
@@ -68,14 +64,6 @@ _COMPAT_GROUPS_OFF = (
     "does not read compatibilityGroups at all"
 )
 KNOWN_DIFFERENCES: dict[str, str] = {
-    "claim-config-covering-all-requests-is-cleared": _CONFIG,
-    "claim-config-scoped-to-subrequests-of-one-request": _CONFIG,
-    "claim-with-device-config": _CONFIG,
-    "prioritized-list-class-config": _CONFIG,
-    "prioritized-list-device-config": _CONFIG,
-    "with-claim-config-for-two-requests": _CONFIG,
-    "with-class-device-config": _CONFIG,
-    "with-class-device-config-with-multiple-request-and-configs": _CONFIG,
     "compatibility-groups-disabled-skips-grouped-pool": _COMPAT_GROUPS_OFF,
     "compatibility-groups-disabled-skips-ungrouped-device-in-grouped-pool": _COMPAT_GROUPS_OFF,
     "consumable-capacity-fractional-range-gate-disabled": (
