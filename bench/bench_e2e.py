@@ -704,62 +704,29 @@ def main() -> int:
         results["simulator"] = sim
         say(f"simulator ready: {sim}")
         celery = str(VENV / "celery")
+
+        def worker(role: str, queue: str, *pool: str) -> None:
+            name = role.removeprefix("worker-")
+            argv = [
+                celery,
+                "-A",
+                "dashboard",
+                "worker",
+                "-Q",
+                queue,
+                *pool,
+                "-n",
+                f"{name}-e2e@%h",
+                "-l",
+                "INFO",
+            ]
+            topo.spawn(role, argv)
+
         t_spawn = time.time()
-        topo.spawn(
-            "worker-watch",
-            [
-                celery,
-                "-A",
-                "dashboard",
-                "worker",
-                "-Q",
-                "watch",
-                "-P",
-                "threads",
-                "-c",
-                "16",
-                "-n",
-                "watch-e2e@%h",
-                "-l",
-                "INFO",
-            ],
-        )
-        topo.spawn(
-            "worker-default",
-            [
-                celery,
-                "-A",
-                "dashboard",
-                "worker",
-                "-Q",
-                "celery",
-                "-c",
-                "2",
-                "-n",
-                "default-e2e@%h",
-                "-l",
-                "INFO",
-            ],
-        )
-        topo.spawn(
-            "worker-diagnosis",
-            [
-                celery,
-                "-A",
-                "dashboard",
-                "worker",
-                "-Q",
-                "diagnosis",
-                "-P",
-                "threads",
-                "-c",
-                "4",
-                "-n",
-                "diagnosis-e2e@%h",
-                "-l",
-                "INFO",
-            ],
-        )
+        # The production topology (docs/operations.md): watch threads, default prefork, one diagnosis process.
+        worker("worker-watch", "watch", "-P", "threads", "-c", "16")
+        worker("worker-default", "celery", "-c", "2")
+        worker("worker-diagnosis", "diagnosis", "-P", "threads", "-c", "4")
         topo.spawn("beat", [celery, "-A", "dashboard", "beat", "-s", str(run_dir / "celerybeat-schedule")])
         topo.spawn(
             "web",

@@ -121,11 +121,7 @@ class Allocator(DeviceState):
         # A device held exclusively (by an allocated claim or this attempt) cannot be shared either.
         if not request.admin_access and (c.key in self.in_use or c.key in self.allocating):
             return None
-        if (
-            request.admin_access
-            and not shared
-            and any(r[1].key == c.key and r[2] is None for r in self.results[ci])
-        ):
+        if request.admin_access and not shared and any(r[1].key == c.key for r in self.results[ci]):
             # Admin access may reuse devices, but not a dedicated one within the same claim (upstream:
             # allocatingDeviceForClaim, which records dedicated devices only; shares stay reusable).
             return None
@@ -263,7 +259,7 @@ class Allocator(DeviceState):
                 elif source.get("nodeSelector"):
                     selectors.append(source["nodeSelector"])
             allocation: Obj = {"devices": {"results": results}}
-            chosen = {request.parent: request.name for request, _, _ in self.results[ci]}
+            chosen = {request.parent: request for request, _, _ in self.results[ci]}
             config = allocation_config(data.claim, chosen, self.snapshot.classes)
             if config:
                 allocation["devices"]["config"] = config
