@@ -125,14 +125,9 @@ class Allocator(DeviceState):
             # Admin access may reuse devices, but not a dedicated one within the same claim (upstream:
             # allocatingDeviceForClaim, which records dedicated devices only; shares stay reusable).
             return None
-        consumed = self._capacity_for(request, c, False) if shared or request.capacity_requests else {}
         # A shared device's counters are charged by its first share only (upstream: skipCounterCheck).
         already_charged = shared and (c.key in self.shared or self.sharing.get(c.key, 0) > 0)
-        if (
-            consumed is None
-            or not self._counters_fit(c, already_charged)
-            or not self._tolerated(request, c.device)
-        ):
+        if not self._counters_fit(c, already_charged) or not self._tolerated(request, c.device):
             return None
         constraints = self.claim_data[ci].constraints
         added: list[Constraint] = []
@@ -148,6 +143,13 @@ class Allocator(DeviceState):
                     )
                 return None
             added.append(constraint)
+        # Capacity comes after the constraints, as upstream orders allocateDevice: a device an
+        # allocationMode All request must take fails on its constraint (fatal) before its capacity.
+        consumed = self._capacity_for(request, c, False) if shared or request.capacity_requests else {}
+        if consumed is None:
+            for done in added:
+                done.remove(request.name)
+            return None
         # Admin access marks the device too, so that a later ordinary request cannot take it.
         marked = not shared and c.key not in self.allocating
         if marked:

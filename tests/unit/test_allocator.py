@@ -539,6 +539,29 @@ def test_admin_access_reuses_a_share_of_the_same_claim_but_not_a_dedicated_devic
     assert not allocate([claim(requests=two)], "node-1", dedicated).ok
 
 
+def test_a_constraint_on_an_all_request_fails_before_the_capacity_of_a_full_shared_device():
+    # allocator_experimental.go allocateDevice checks constraints before the capacity
+    # (CmpRequestOverCapacity): an All request whose device misses the constrained attribute aborts
+    # even when the device has no capacity left. Differential seed 488994655 case 750.
+    held = allocated("other", "a")
+    result = held["status"]["allocation"]["devices"]["results"][0]
+    result.update(shareID="4ad0d1c5-3f35-4b6e-9f0b-6c4a4f7f4a01", consumedCapacity={"memory": "9Gi"})
+    snap = fleet(rslice("s", [_shareable("a")]), held)
+    want = claim(
+        constraints=[{"distinctAttribute": f"{DRIVER}/parent"}],
+        allocationMode="All",
+        capacity={"requests": {"memory": "2Gi"}},
+    )
+    result = allocate([want], "node-1", snap)
+    assert (result.kind, result.message) == (
+        "error",
+        f"claim ns/c, request req: cannot add device {DRIVER}/node-1/a because a claim constraint "
+        "would not be satisfied",
+    )
+    roomy = allocate([claim(allocationMode="All", capacity={"requests": {"memory": "1Gi"}})], "node-1", snap)
+    assert picked(roomy) == ["a"]
+
+
 def test_admin_access_consumes_counters_like_any_allocation():
     counters = rslice(
         "counters", None, count=2, sharedCounters=[{"name": "cs", "counters": {"mem": {"value": "4"}}}]
