@@ -94,12 +94,15 @@ class FleetSnapshot:
             try:
                 cached = evaluate(selector, view)
             except CelRuntimeError as exc:
-                cached = exc
+                cached = CelRuntimeError(exc.expression, exc.message)
             self._results[cache_key] = cached
         else:
             self.stats.saved += 1
         if isinstance(cached, CelRuntimeError):
-            raise cached
+            # The cache keeps exceptions that are never raised: a raised one's traceback holds every frame
+            # up the stack and, through this cache, the whole diagnosis update that ran it (a cycle, kept
+            # until a full collection; for good in a worker that freezes what an update leaves).
+            raise CelRuntimeError(cached.expression, cached.message)
         return cached
 
 

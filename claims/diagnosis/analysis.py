@@ -61,7 +61,8 @@ def _selector_outcome(ctx: Context, req: Req, info: DeviceInfo) -> tuple[str, in
             if not selector_matches(ctx.state, s, info):
                 return SELECTOR, evaluated, None
     except CelRuntimeError as exc:
-        return ERROR, evaluated, exc
+        # Kept in the analysis: without its traceback, which would hold every frame up the stack.
+        return ERROR, evaluated, exc.with_traceback(None)
     return FREE, evaluated, None
 
 

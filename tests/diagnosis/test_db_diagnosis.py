@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from io import StringIO
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ import yaml
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
-from django.db import connection
+from django.db import connection, transaction
 from rest_framework.test import APIRequestFactory, force_authenticate
 
 from claims import tasks
@@ -201,3 +202,26 @@ def test_a_stored_device_taint_rule_taints_the_device_in_the_database_diagnosis(
     assert "example.com/maintenance=planned:NoExecute by DeviceTaintRule drain-a (1)" in result["summary"]
     files = FleetState.from_files([path])
     assert diagnose(files, files.find("ResourceClaim", "team", "want") or {}).summary == result["summary"]
+
+
+def test_an_unchanged_cause_is_refreshed_once_a_minute_and_a_new_cause_at_once(
+    imported: None, django_capture_on_commit_callbacks: Any
+) -> None:
+    tasks.recompute_diagnoses("fixtures")
+    d = ClaimDiagnosis.objects.select_related("claim").get(category="capacity")
+    t0, recorded = d.computed_at, {}
+
+    def record(seconds: int) -> Any:
+        with django_capture_on_commit_callbacks(execute=True), transaction.atomic():
+            tasks.record_causes("fixtures", [d], t0 + timedelta(seconds=seconds), recorded)
+        return PendingCause.objects.get(uid=d.claim.uid, category=d.category).last_seen - t0
+
+    assert record(0) == timedelta(0)
+    assert record(30) == timedelta(0)  # the same cause 30 s later: left alone
+    assert record(61) == timedelta(seconds=61)  # past CAUSE_REFRESH: refreshed
+    d.category, d.result = "no-match", {**d.result, "category": "no-match"}
+    assert record(62) == timedelta(seconds=62)  # another cause: recorded at once
+    assert sorted(PendingCause.objects.filter(uid=d.claim.uid).values_list("category", flat=True)) == [
+        "capacity",
+        "no-match",
+    ]
