@@ -161,6 +161,34 @@ def status_kb(pid: int, key: str) -> int:
     return 0
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of one process so far."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def cpu_snapshot(topo: Topology) -> dict[str, float]:
+    """CPU seconds so far per role (its processes), of the PostgreSQL server's processes, and of the
+    whole machine (busy time of all cores, /proc/stat), for the CPU split of the churn."""
+    out = {p.role: sum(cpu_seconds(pid) for pid in descendants(p.popen.pid)) for p in topo.procs}
+    postgres = 0.0
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError), open(f"/proc/{entry}/comm") as f:
+                if f.read().strip() in ("postgres", "postmaster"):
+                    postgres += cpu_seconds(int(entry))
+    out["postgresql"] = postgres
+    with open("/proc/stat") as f:
+        ticks = [int(x) for x in f.readline().split()[1:]]
+    out["machine busy"] = (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")  # minus idle, iowait
+    out["wall"] = time.monotonic()
+    return out
+
+
 class MemorySampler(threading.Thread):
     """RSS of every process of every role once a second (peaks of processes that exit before the end)."""
 
@@ -636,7 +664,21 @@ def main() -> int:
         "--profile",
         type=int,
         default=0,
-        help="py-spy the web and watch worker for this many seconds of churn",
+        help="py-spy the web, watch and diagnosis workers for this many seconds of churn",
+    )
+    parser.add_argument(
+        "--diagnosis-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="an extra argument for the diagnosis worker's celery command (e.g. --diagnosis-arg=-c1)",
+    )
+    parser.add_argument(
+        "--diagnosis-env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an environment variable for the diagnosis worker only (e.g. MALLOC_ARENA_MAX=2)",
     )
     args = parser.parse_args()
     # Ctrl-C and SIGTERM take the same path: the ``finally`` below stops every process started. SIGINT is
@@ -705,7 +747,7 @@ def main() -> int:
         say(f"simulator ready: {sim}")
         celery = str(VENV / "celery")
 
-        def worker(role: str, queue: str, *pool: str) -> None:
+        def worker(role: str, queue: str, *pool: str, extra: dict[str, str] | None = None) -> None:
             name = role.removeprefix("worker-")
             argv = [
                 celery,
@@ -720,13 +762,24 @@ def main() -> int:
                 "-l",
                 "INFO",
             ]
-            topo.spawn(role, argv)
+            topo.spawn(role, argv, extra)
 
         t_spawn = time.time()
         # The production topology (docs/operations.md): watch threads, default prefork, one diagnosis process.
         worker("worker-watch", "watch", "-P", "threads", "-c", "16")
         worker("worker-default", "celery", "-c", "2")
-        worker("worker-diagnosis", "diagnosis", "-P", "threads", "-c", "4")
+        diagnosis_env = dict(item.split("=", 1) for item in args.diagnosis_env)
+        results["diagnosis_worker"] = {"args": args.diagnosis_arg, "env": diagnosis_env}
+        worker(
+            "worker-diagnosis",
+            "diagnosis",
+            "-P",
+            "threads",
+            "-c",
+            "4",
+            *args.diagnosis_arg,
+            extra=diagnosis_env,
+        )
         topo.spawn("beat", [celery, "-A", "dashboard", "beat", "-s", str(run_dir / "celerybeat-schedule")])
         topo.spawn(
             "web",
@@ -777,17 +830,23 @@ def main() -> int:
         load_churn = [load()]
         (run_dir / "churn.go").write_text(json.dumps({"rate": args.rate, "seconds": args.seconds}))
         say(f"churn: {args.rate:.0f} events/s for {args.seconds:.0f}s")
+        cpu_before = cpu_snapshot(topo)
         spies = []
         if args.profile:
             time.sleep(10)  # into the steady state
             for p in topo.procs:
-                if p.role in ("web", "worker-watch"):
+                if p.role in ("web", "worker-watch", "worker-diagnosis"):
                     spies.append(py_spy(p.popen.pid, args.profile, run_dir / f"profile-{p.role}.txt"))
         while not (run_dir / "churn.done").exists():
             check_source(topo)
             time.sleep(5)
             load_churn.append(load())
         churn = json.loads((run_dir / "churn.done").read_text())
+        cpu_after = cpu_snapshot(topo)
+        results["cpu_during_churn_s"] = {
+            k: round(cpu_after[k] - v, 1) for k, v in cpu_before.items() if k in cpu_after
+        }
+        say(f"CPU seconds during the churn: {results['cpu_during_churn_s']}")
         for spy in spies:
             spy.wait()
         say(f"churn done: {churn}")
