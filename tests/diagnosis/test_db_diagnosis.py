@@ -209,7 +209,7 @@ def test_an_unchanged_cause_is_refreshed_once_a_minute_and_a_new_cause_at_once(
 ) -> None:
     tasks.recompute_diagnoses("fixtures")
     d = ClaimDiagnosis.objects.select_related("claim").get(category="capacity")
-    t0, recorded = d.computed_at, {}
+    t0, recorded = d.computed_at, tasks.Recorded()
 
     def record(seconds: int) -> Any:
         with django_capture_on_commit_callbacks(execute=True), transaction.atomic():
