@@ -226,20 +226,15 @@ Recorded = dict[int, tuple[str, str, datetime]]
 
 
 def record_causes(
-    cluster: str,
-    diagnosed: list[ClaimDiagnosis],
-    now: datetime,
-    recorded: Recorded | None = None,
-    every: bool = False,
-) -> None:
+    cluster: str, diagnosed: list[ClaimDiagnosis], now: datetime, recorded: Recorded | None = None
+) -> Recorded:
     """Keep each pending claim's cause (one row per claim and cause group, first and last seen), so the
-    triage can report the causes of claims no longer pending. One bulk statement.
+    triage can report the causes of claims no longer pending. One bulk statement. Returns what it wrote.
 
-    With ``recorded`` (what this process recorded, kept up to date on commit), a claim whose cause is the
-    one recorded less than ``CAUSE_REFRESH_SECONDS`` ago is left alone: under churn nearly every update
-    changes the counts of thousands of diagnoses without changing their cause, and rewriting their cause
-    rows (5 KB of result each) was a third of an update. A new cause is recorded at once; ``every``
-    records all (the full recompute) and still tells ``recorded``."""
+    With ``recorded`` (what was written before), a claim whose cause is the one recorded less than
+    ``CAUSE_REFRESH`` ago is left alone: under churn nearly every update changes the counts of thousands of
+    diagnoses without changing their cause, and rewriting their cause rows (5 KB of result each) was a
+    third of an update. A new cause is recorded at once; without ``recorded`` every cause is."""
     stamp = _literal_time(now)
     rows = []
     fresh: Recorded = {}
@@ -247,12 +242,10 @@ def record_causes(
         claim = d.claim
         since = claim.created_at or now
         key = cause_of(Pending(cluster, claim.namespace, claim.name, since, d.result)).key
-        if recorded is not None:
-            last = recorded.get(claim.pk)
-            recent = last is not None and last[:2] == (d.category, key) and now - last[2] < CAUSE_REFRESH
-            if recent and not every:
-                continue
-            fresh[claim.pk] = (d.category, key, now)
+        last = (recorded or {}).get(claim.pk)
+        if last is not None and last[:2] == (d.category, key) and now - last[2] < CAUSE_REFRESH:
+            continue
+        fresh[claim.pk] = (d.category, key, now)
         rows.append(
             PendingCause(
                 cluster_id=claim.cluster_id,
@@ -273,8 +266,7 @@ def record_causes(
         unique_fields=["cluster", "uid", "category", "group_key"],
         update_fields=["summary", "result", "last_seen"],  # first_seen stays that of the first diagnosis
     )
-    if recorded is not None and fresh:
-        transaction.on_commit(lambda: recorded.update(fresh))
+    return fresh
 
 
 RUN_TTL = 3600  # seconds: a recompute holding its cluster's lock longer than this is presumed dead
@@ -447,10 +439,9 @@ def _update(cluster: str, now: str | None) -> dict[str, int]:
     before.release()
     chosen = set(pending) if keys is None else keys & set(pending)
     still = set(pending.values())
-    for gone in [pk for pk in live.written if pk not in still]:
-        del live.written[gone]
-    for gone in [pk for pk in live.causes if pk not in still]:
-        del live.causes[gone]
+    for kept in (live.written, live.causes):
+        for gone in [pk for pk in kept if pk not in still]:
+            del kept[gone]
     counts = _diagnose_some(cluster, state, [pending[k] for k in chosen], at, live.written, live.causes)
     if live.fleet.size() > FREEZE_ABOVE:
         # What the update leaves alive (the new state, its indexes, the changed objects) joins the frozen
@@ -470,8 +461,8 @@ def _diagnose_some(
     causes: Recorded,
 ) -> dict[str, int]:
     """Diagnose the pending claims ``ids``; store those whose diagnosis differs from the stored one, and
-    drop the diagnoses of claims no longer pending. ``written`` (digests of what this process stored) is
-    kept up to date once the transaction commits."""
+    drop the diagnoses of claims no longer pending. ``written`` (digests of what this process stored) and
+    ``causes`` (see record_causes) are kept up to date once the transaction commits."""
     rows = list(ResourceClaim.objects.filter(id__in=ids, state="pending").order_by("id")) if ids else []
     # Which claims have a row at all (ids only): a digest alone cannot tell that a row was deleted since.
     has_row = set(
@@ -489,21 +480,15 @@ def _diagnose_some(
     for claim in rows:
         text = shapes.text_of(claim)
         digest = digests[claim.pk] = _digest(text)
-        if claim.pk in has_row:
-            if claim.pk in written:
-                if written[claim.pk] == digest:
-                    continue
-            else:
-                result = json.loads(text)
-                if stored.get(claim.pk) == result:
-                    continue
-                differ.append((claim, result))
-                continue
+        if claim.pk in has_row and (
+            written[claim.pk] == digest if claim.pk in written else stored.get(claim.pk) == json.loads(text)
+        ):
+            continue
         differ.append((claim, json.loads(text)))
     with transaction.atomic():
-        transaction.on_commit(lambda: written.update(digests))
         changed = _store_many(differ, at)
-        record_causes(cluster, changed, at, causes)
+        recorded = record_causes(cluster, changed, at, causes)
+        transaction.on_commit(lambda: _remember(written, digests, causes, recorded, replace=False))
         removed, _ = (
             ClaimDiagnosis.objects.filter(claim__cluster__name=cluster)
             .exclude(claim__state="pending")
@@ -514,9 +499,15 @@ def _diagnose_some(
     return {"diagnosed": len(rows), "written": len(changed), "removed": removed}
 
 
-def _replace(target: dict[Any, Any], items: dict[Any, Any]) -> None:
-    target.clear()
-    target.update(items)
+def _remember(
+    written: dict[int, bytes], digests: dict[int, bytes], causes: Recorded, recorded: Recorded, replace: bool
+) -> None:
+    """After commit: what a process's live fleet knows it stored (a full recompute replaces it all)."""
+    if replace:
+        written.clear()
+        causes.clear()
+    written.update(digests)
+    causes.update(recorded)
 
 
 def _diagnose_pending(cluster: str, state: FleetState, at: datetime) -> dict[str, int]:
@@ -543,14 +534,12 @@ def _diagnose_pending(cluster: str, state: FleetState, at: datetime) -> dict[str
     live = _live.get(cluster)
     # One transaction: a page never shows half old, half new diagnoses of one fleet state.
     with transaction.atomic():
-        causes: Recorded | None = None
-        if live is not None and live.state is state:
-            # The callbacks hold the dicts only, not the fleet (a test's transaction keeps them).
-            written, causes = live.written, live.causes
-            transaction.on_commit(lambda: _replace(written, digests))
-            transaction.on_commit(causes.clear)  # before record_causes' update of it
         diagnosed = _store_many(results, at)
-        record_causes(cluster, diagnosed, at, causes, every=True)
+        recorded = record_causes(cluster, diagnosed, at)  # every cause
+        if live is not None and live.state is state:
+            # The callback holds the dicts only, not the fleet (a test's transaction keeps it).
+            written, causes = live.written, live.causes
+            transaction.on_commit(lambda: _remember(written, digests, causes, recorded, replace=True))
         ClaimDiagnosis.objects.filter(claim__cluster__name=cluster).exclude(claim__state="pending").delete()
         # Open pending pages refetch their rows (claims.consumers); after commit, like every side effect.
         transaction.on_commit(lambda: notify_pending_changed(cluster))

@@ -154,7 +154,7 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 # A backstop, not a cap: a prefork worker child (the default queue) whose resident memory is above this (KiB)
 # when a task ends is replaced by a fresh one; the peak during a task is not limited. The diagnosis worker's
 # threads are not replaced: its process keeps each cluster's fleet (bench/README.md "Memory of the diagnosis
-# task": about 0.6 GB at L).
+# task" and "Leaner diagnosis updates": about 0.9 GB at L under churn).
 CELERY_WORKER_MAX_MEMORY_PER_CHILD = env_int("CLAIMSCOPE_WORKER_MAX_MEMORY_MB", 1536, minimum=64) * 1024
 # Watchers (fleet/tasks/watch.py, docs/watchers.md): one stream per (cluster, kind) on the "watch" queue.
 # The pending-claim diagnoses on the "diagnosis" queue, consumed by one process (threads): the fleet each

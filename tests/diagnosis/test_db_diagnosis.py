@@ -13,7 +13,7 @@ import yaml
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
-from django.db import connection, transaction
+from django.db import connection
 from rest_framework.test import APIRequestFactory, force_authenticate
 
 from claims import tasks
@@ -204,16 +204,13 @@ def test_a_stored_device_taint_rule_taints_the_device_in_the_database_diagnosis(
     assert diagnose(files, files.find("ResourceClaim", "team", "want") or {}).summary == result["summary"]
 
 
-def test_an_unchanged_cause_is_refreshed_once_a_minute_and_a_new_cause_at_once(
-    imported: None, django_capture_on_commit_callbacks: Any
-) -> None:
+def test_an_unchanged_cause_is_refreshed_once_a_minute_and_a_new_cause_at_once(imported: None) -> None:
     tasks.recompute_diagnoses("fixtures")
     d = ClaimDiagnosis.objects.select_related("claim").get(category="capacity")
     t0, recorded = d.computed_at, tasks.Recorded()
 
     def record(seconds: int) -> Any:
-        with django_capture_on_commit_callbacks(execute=True), transaction.atomic():
-            tasks.record_causes("fixtures", [d], t0 + timedelta(seconds=seconds), recorded)
+        recorded.update(tasks.record_causes("fixtures", [d], t0 + timedelta(seconds=seconds), recorded))
         return PendingCause.objects.get(uid=d.claim.uid, category=d.category).last_seen - t0
 
     assert record(0) == timedelta(0)

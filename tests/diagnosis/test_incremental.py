@@ -343,14 +343,18 @@ def quiet(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     tasks.forget()
 
 
+def new_fleet(name: str, rng: random.Random) -> Fleet:
+    """An empty cluster ``name`` with the NVIDIA device classes and an empty change log."""
+    redis.Redis.from_url(str(settings.REDIS_URL)).delete(*changelog._keys(name))
+    fleet = Fleet(rng, ingest.get_or_create_cluster(name))
+    fleet.write([{**c, "kind": "DeviceClass"} for c in nvidia.device_classes()])
+    return fleet
+
+
 def run_stream(seed: int) -> None:
     rng = random.Random(seed)
     name = f"incr-{seed % 1_000_000}"
-    client = redis.Redis.from_url(str(settings.REDIS_URL))
-    client.delete(*changelog._keys(name))
-    cluster = ingest.get_or_create_cluster(name)
-    fleet = Fleet(rng, cluster)
-    fleet.write([{**c, "kind": "DeviceClass"} for c in nvidia.device_classes()])
+    fleet = new_fleet(name, rng)
     fleet.set_node("h1", "H100", "full", 2, {})
     fleet.set_node("a1", "A100", "static-mig", 1, {})
     fleet.set_node("b1", "B200", "dynamic-mig", 1, {})
@@ -400,10 +404,7 @@ def test_an_update_trusts_what_it_stored_but_rewrites_a_row_deleted_behind_its_b
     from django.test.utils import CaptureQueriesContext
 
     name = "incr-digest"
-    client = redis.Redis.from_url(str(settings.REDIS_URL))
-    client.delete(*changelog._keys(name))
-    fleet = Fleet(random.Random(11), ingest.get_or_create_cluster(name))
-    fleet.write([{**c, "kind": "DeviceClass"} for c in nvidia.device_classes()])
+    fleet = new_fleet(name, random.Random(11))
     fleet.set_node("h1", "H100", "full", 2, {})
     for _ in range(3):
         fleet.add_pending()
@@ -431,9 +432,7 @@ def test_an_update_leaves_no_reference_cycles_of_its_own(quiet: None) -> None:
     # reference cycle would then stay until the next full recompute. Cycles seen before: a cached CEL error
     # whose traceback held every frame of the update, and each stored row cached both ways with its claim.
     name = "incr-cycles"
-    redis.Redis.from_url(str(settings.REDIS_URL)).delete(*changelog._keys(name))
-    fleet = Fleet(random.Random(5), ingest.get_or_create_cluster(name))
-    fleet.write([{**c, "kind": "DeviceClass"} for c in nvidia.device_classes()])
+    fleet = new_fleet(name, random.Random(5))
     fleet.set_node("h1", "H100", "full", 4, {})
     fleet.set_node("b1", "B200", "dynamic-mig", 2, {})
     for _ in range(4):
