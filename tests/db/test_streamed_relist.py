@@ -12,6 +12,7 @@ import pytest
 
 from fleet import ingest
 from fleet.ingest import apply
+from fleet.kube import verify
 from fleet.kube.reflector import Reflector
 from fleet.models import Device, GpuState, ResourceSlice
 from simulator import nvidia
@@ -66,6 +67,11 @@ class PagedSource:
         return iter(())
 
 
+def slice_name(node: str) -> str:
+    (obj,) = nvidia.node_slices(node, "H100", mode="full", gpus=1)
+    return str(obj["metadata"]["name"])
+
+
 def slices(count: int, version: int) -> list[dict[str, Any]]:
     out = []
     for i in range(count):
@@ -114,3 +120,28 @@ def test_pages_are_consumed_only_as_they_are_asked_for():
     pages = apply.pages(records(), 3)  # type: ignore[arg-type]
     assert next(pages) == [0, 1, 2] and produced == [0, 1, 2]
     assert list(apply.pages(iter(range(7)), 3)) == [[0, 1, 2], [3, 4, 5], [6]]  # type: ignore[arg-type]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_verify_compares_a_kind_page_by_page_and_still_finds_every_difference(monkeypatch):
+    monkeypatch.setattr(apply, "RELIST_PAGE", RELIST_PAGE)
+    cluster = ingest.get_or_create_cluster("paged-verify")
+    Reflector(cluster, "ResourceSlice", PagedSource(slices(SLICES, 1_000), "100000")).relist()
+
+    # The live list: the first slice gone, one on the last page newer, one replaced, one new.
+    live = slices(SLICES, 1_000)[1:]
+    live[-1]["metadata"]["resourceVersion"] = "900000"
+    live[-2]["metadata"]["uid"] = "another-uid"
+    live.extend(s for s in slices(SLICES + 1, 1_000)[SLICES:])
+    source = PagedSource(live, "900001")
+    found = {(d.key, d.problem) for d in verify.compare_kind(cluster, source, "ResourceSlice")}
+
+    # At most the page just compared (still bound while the next is decoded) and the next one.
+    assert source.pages_served == -(-len(live) // PAGE) and source.peak <= 2 * PAGE < len(live)
+    name = {i: f"node-{i:05d}" for i in (0, SLICES - 2, SLICES - 1, SLICES)}
+    assert found == {
+        (slice_name(name[0]), "ghost"),
+        (slice_name(name[SLICES - 1]), "stale"),
+        (slice_name(name[SLICES - 2]), "replaced"),
+        (slice_name(name[SLICES]), "missing"),
+    }
