@@ -728,7 +728,7 @@ def main() -> int:
             argv = ["-m", "bench.e2e.cpserver", "--nodes", str(args.nodes), "--threads", str(args.threads)]
             topo.spawn("controlplane", [str(VENV / "python"), *argv, "--dir", str(run_dir)])
         else:
-            say("starting the simulator (L fleet)")
+            say(f"starting the simulator ({args.preset} fleet)")
             topo.spawn(
                 "simulator",
                 [

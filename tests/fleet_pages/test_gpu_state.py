@@ -13,7 +13,7 @@ from django.apps import apps as django_apps
 from fleet import readmodel, selectors
 from fleet.api import selectors as api_selectors
 from fleet.ingest import gpu_state
-from fleet.models import DeviceGroupState, GpuState
+from fleet.models import Device, DeviceGroupState, GpuState
 from fleet.selectors import Holder
 from tests.fleet_pages.conftest import FIXTURE_GPUS, FleetEditor
 
@@ -39,6 +39,21 @@ def assert_read_model_is_current(cluster_id: int) -> None:
 def test_the_imported_fleet_has_one_row_per_physical_gpu(fleet):
     assert GpuState.objects.filter(cluster=fleet).count() == FIXTURE_GPUS
     assert_read_model_is_current(fleet.pk)
+
+
+def test_a_large_cluster_is_recomputed_in_batches_of_whole_pools_with_the_same_rows(fleet, monkeypatch):
+    one_go = stored_rows()
+    pools = Device.objects.filter(cluster=fleet).values("pool").distinct().count()
+    # A batch limit below the fixture's device count, so the pools are read in several batches.
+    monkeypatch.setattr(gpu_state, "REFRESH_DEVICES", 10)
+    batches = gpu_state._pool_batches(fleet.pk)
+    assert 1 < len(batches) <= pools
+    assert sorted(p for b in batches for p in b or ()) == sorted(
+        Device.objects.filter(cluster=fleet).values_list("pool", flat=True).distinct()
+    )
+    gpu_state.refresh(fleet.pk)
+    assert stored_rows() == one_go
+    assert GpuState.objects.filter(cluster=fleet).count() == FIXTURE_GPUS
 
 
 def random_change(editor: FleetEditor, rng: random.Random) -> str:
