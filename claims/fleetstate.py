@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -390,32 +390,72 @@ def _share_named(values: Any, shared: dict[Any, Any]) -> Any:
     if not isinstance(values, dict):
         return share_values(values, shared)
     out = {}
+    whole = True  # every value shared: the dict itself can be
     for name, value in values.items():
         if type(value) is dict and len(value) == 1:
             ((k, v),) = value.items()
             if type(v) in _PLAIN:
                 out[name] = shared.setdefault((k, type(v), v), value)
                 continue
-        out[name] = share_values(value, shared)
-    return out
+        out[name], one = _shared(value, shared)
+        whole = whole and one
+    if not whole:
+        return out
+    return shared.setdefault(("{}", *_flat(out)), out)
 
 
 _PLAIN = (str, int, float, bool)
 
 
 def share_values(value: Any, shared: dict[Any, Any]) -> Any:
-    """``value`` with every dict of plain values replaced by the first equal one seen in ``shared``. The
-    order of keys and the type of each value are part of the equality (``{"int": 1}`` is not
-    ``{"int": True}``), so what a reader sees, iteration order included, is unchanged."""
+    """``value`` with every dict or list, innermost first, replaced by the first equal one seen in
+    ``shared``. The order of keys and the type of each value are part of the equality (``{"int": 1}`` is
+    not ``{"int": True}``), so what a reader sees, iteration order included, is unchanged.
+
+    Whole containers are shared, not only leaves: the XL fleet's dynamic-MIG partitions repeat the same
+    capacities and counters on every GPU and the same attributes for each profile of a GPU, and a
+    device's own dicts were most of the diagnosis state."""
+    return _shared(value, shared)[0]
+
+
+def _shared(value: Any, shared: dict[Any, Any]) -> tuple[Any, bool]:
+    """(the shared copy of ``value``, whether it is one: False when some part cannot be hashed)."""
     if isinstance(value, list):
-        return [share_values(v, shared) for v in value]
-    if not isinstance(value, dict):
-        return value
-    out = {k: share_values(v, shared) for k, v in value.items()}
-    if any(isinstance(v, dict | list) for v in out.values()):
-        return out
-    key = tuple((k, type(v), v) for k, v in out.items())
-    try:
-        return shared.setdefault(key, out)
-    except TypeError:  # not hashable after all
-        return out
+        parts = [_shared(v, shared) for v in value]
+        items = [v for v, _ in parts]
+        if not all(one for _, one in parts):
+            return items, False
+        return shared.setdefault(("[]", *(_ref(v) for v in items)), items), True
+    if isinstance(value, dict):
+        parts_of = {k: _shared(v, shared) for k, v in value.items()}
+        out = {k: v for k, (v, _) in parts_of.items()}
+        if not all(one for _, one in parts_of.values()):
+            return out, False
+        if not any(isinstance(v, dict | list) for v in out.values()):
+            # A dict of plain values keyed by them; one of one entry as the fast path of _share_named
+            # keys it, so both find the same copy.
+            entries = tuple((k, type(v), v) for k, v in out.items())
+            key: tuple[Any, ...] = entries[0] if len(entries) == 1 else entries
+        else:
+            key = ("{}", *_flat(out))
+        try:
+            return shared.setdefault(key, out), True
+        except TypeError:  # a key that is not hashable after all
+            return out, False
+    if value is None or type(value) in _PLAIN:
+        return value, True
+    return value, False
+
+
+def _flat(values: dict[str, Any]) -> Iterator[Any]:
+    """A shared dict's keys and :func:`_ref` of its values, alternating: one flat key tuple is a third of
+    the size of one of pairs, and most of the fleet's containers are unique (serials, bus IDs)."""
+    for k, v in values.items():
+        yield k
+        yield _ref(v)
+
+
+def _ref(value: Any) -> Any:
+    """What stands for a value in its container's key: a shared container by its identity (it lives as
+    long as ``shared``, which holds it), a plain value by its type and itself."""
+    return id(value) if isinstance(value, dict | list) else (type(value), value)

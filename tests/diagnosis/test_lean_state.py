@@ -63,6 +63,38 @@ def test_equal_device_values_are_shared_but_not_across_types() -> None:
     assert share_values({"x": {"value": 1.0}}, shared)["x"]["value"].__class__ is float
 
 
+def test_equal_containers_are_shared_whole_and_unequal_ones_kept_apart() -> None:
+    shared: dict[Any, Any] = {}
+
+    def partition(parent: str, memory_slice: str) -> dict[str, Any]:
+        return {
+            "attributes": {"profile": {"string": "1g.10gb"}, "parentUUID": {"string": parent}},
+            "capacity": {"memory": {"value": "9984Mi"}},
+            "consumesCounters": [
+                {
+                    "counterSet": "gpu-0-counter-set",
+                    "counters": {memory_slice: {"value": "1"}, "m": {"value": 1}},
+                }
+            ],
+        }
+
+    a, b, c = (
+        {part: share_values(v, shared) for part, v in partition(p, s).items()}
+        for p, s in (("GPU-a", "memory-slice-2"), ("GPU-a", "memory-slice-2"), ("GPU-b", "memory-slice-3"))
+    )
+    # The same partition of one GPU, seen twice: one copy of each part.
+    assert all(a[part] is b[part] for part in a)
+    # Another GPU, another placement: only what is equal is shared, and nothing changed value.
+    assert c["capacity"] is a["capacity"]
+    assert c["attributes"] is not a["attributes"] and c["attributes"]["profile"] is a["attributes"]["profile"]
+    assert c["consumesCounters"] is not a["consumesCounters"]
+    assert c == partition("GPU-b", "memory-slice-3") and a == partition("GPU-a", "memory-slice-2")
+    # 1 and "1" and 1.0 and True stay apart, inside containers too.
+    values = [share_values({"x": [{"v": v}]}, shared) for v in (1, "1", 1.0, True)]
+    assert [type(v["x"][0]["v"]) for v in values] == [int, str, float, bool]
+    assert len({id(v) for v in values}) == 4
+
+
 def test_lean_slices_keep_their_devices_and_share_equal_values() -> None:
     shared: dict[Any, Any] = {}
     device = {
