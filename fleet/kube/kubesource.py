@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import random
 from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -175,21 +176,36 @@ class KubeSource:
 
     def list_pages(self, kind: str) -> tuple[str, Iterator[Items]]:
         """The list of ``kind`` a page of 500 at a time: its resourceVersion (read with the first page,
-        which is fetched now, so a refused list fails here) and the pages, each fetched when the previous
-        one has been consumed. A relist thus never holds more than a page of decoded objects; a continue
-        token that expires meanwhile (410) fails the relist, which the stream retries."""
+        which is fetched now, so a refused list fails here) and the pages. The next page is fetched while
+        the caller works on the current one, never further ahead: a relist thus holds at most two pages
+        of decoded objects, and the server's time to encode a page overlaps ours to store the previous
+        one (at XL, 116 pages of slices, the wait for the next page was 14% of the slice stream). A
+        continue token that expires meanwhile (410) fails the relist, which the stream retries."""
         path = self._path(kind)
         first, token = self._page(kind, path, {"limit": str(PAGE_SIZE)})
         resource_version = str((first.get("metadata") or {}).get("resourceVersion") or "")
 
         def pages() -> Iterator[Items]:
             page, next_token = first, token
-            while True:
-                yield self._items(kind, page)
-                if not next_token:
-                    return
-                # Every page of a paged list carries the first page's snapshot version.
-                page, next_token = self._page(kind, path, {"limit": str(PAGE_SIZE), "continue": next_token})
+            # One thread, so one request ahead; it blocks on the socket, where the GIL is released.
+            ahead = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"list-{kind}")
+            try:
+                while True:
+                    # Every page of a paged list carries the first page's snapshot version.
+                    upcoming = (
+                        ahead.submit(
+                            self._page, kind, path, {"limit": str(PAGE_SIZE), "continue": next_token}
+                        )
+                        if next_token
+                        else None
+                    )
+                    yield self._items(kind, page)
+                    if upcoming is None:
+                        return
+                    page, next_token = upcoming.result()
+            finally:
+                # A caller that stops early does not wait for a page it will not read.
+                ahead.shutdown(wait=False, cancel_futures=True)
 
         return resource_version, pages()
 

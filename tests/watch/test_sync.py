@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+from typing import Any
+
 import pytest
 
 from fleet import clusters, ingest
@@ -155,3 +158,38 @@ def test_a_list_longer_than_a_page_is_read_and_stored_page_by_page(
     Reflector(cluster, "ResourceSlice", source).relist()  # the stream's relist pages the same way
     assert set(names) <= set(ResourceSlice.objects.filter(cluster=cluster).values_list("name", flat=True))
     assert verify("cp", "ResourceSlice")[0] == 0
+
+
+def test_the_next_page_is_fetched_while_the_caller_stores_the_current_one_and_no_further(
+    control_plane, kube, monkeypatch
+):
+    from fleet.kube import kubesource
+
+    for i in range(7):
+        kube.create(make("ResourceSlice", f"ahead-{i}"))
+    monkeypatch.setattr(kubesource, "PAGE_SIZE", 2)
+    source = KubeSource.from_kubeconfig(str(control_plane.kubeconfig))
+    total_pages = -(-len(source.list("ResourceSlice")[0]) // 2)
+    requested: list[str] = []
+    fetch = source._page
+
+    def counted(kind: str, path: str, query: dict[str, str]) -> tuple[dict[str, Any], str]:
+        requested.append(query.get("continue", ""))
+        return fetch(kind, path, query)
+
+    monkeypatch.setattr(source, "_page", counted)
+    _, pages = source.list_pages("ResourceSlice")
+    seen = 0
+    for _page in pages:
+        seen += 1
+        # While this page is being worked on, the next one is requested without the caller asking (poll:
+        # the request starts on the fetching thread) ...
+        wanted = min(seen + 1, total_pages)
+        deadline = time.monotonic() + 10
+        while len(requested) < wanted and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(requested) == wanted
+        # ... and never the one after it.
+        time.sleep(0.05)
+        assert len(requested) == wanted
+    assert seen == total_pages >= 4 and len(requested) == seen
