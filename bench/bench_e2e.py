@@ -680,6 +680,13 @@ def main() -> int:
         metavar="KEY=VALUE",
         help="an environment variable for the diagnosis worker only (e.g. MALLOC_ARENA_MAX=2)",
     )
+    parser.add_argument(
+        "--diagnosis-nice",
+        type=int,
+        default=0,
+        metavar="N",
+        help="run the diagnosis worker at this niceness (1-19), below the watch path on shared cores",
+    )
     args = parser.parse_args()
     # Ctrl-C and SIGTERM take the same path: the ``finally`` below stops every process started. SIGINT is
     # set too because a shell starts background jobs with it ignored.
@@ -762,6 +769,8 @@ def main() -> int:
                 "-l",
                 "INFO",
             ]
+            if role == "worker-diagnosis" and args.diagnosis_nice:
+                argv = ["nice", "-n", str(args.diagnosis_nice), *argv]
             topo.spawn(role, argv, extra)
 
         t_spawn = time.time()
@@ -769,7 +778,11 @@ def main() -> int:
         worker("worker-watch", "watch", "-P", "threads", "-c", "16")
         worker("worker-default", "celery", "-c", "2")
         diagnosis_env = dict(item.split("=", 1) for item in args.diagnosis_env)
-        results["diagnosis_worker"] = {"args": args.diagnosis_arg, "env": diagnosis_env}
+        results["diagnosis_worker"] = {
+            "args": args.diagnosis_arg,
+            "env": diagnosis_env,
+            "nice": args.diagnosis_nice,
+        }
         worker(
             "worker-diagnosis",
             "diagnosis",
