@@ -683,6 +683,7 @@ def main() -> int:
     parser.add_argument(
         "--diagnosis-nice",
         type=int,
+        choices=range(20),
         default=0,
         metavar="N",
         help="run the diagnosis worker at this niceness (1-19), below the watch path on shared cores",

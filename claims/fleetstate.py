@@ -350,9 +350,10 @@ _DEVICE_SHARED = ("attributes", "capacity", "consumesCounters", "taints")
 def lean_object(obj: Obj, shared: dict[Any, Any]) -> Obj:
     """``obj`` (a fresh decode, changed in place where that is cheaper) keeping what the diagnosis reads.
 
-    Slices keep their spec; equal leaf values of their devices (``{"string": "NVIDIA B200"}``) become
-    one shared dict through ``shared``: read-only like everything in a FleetState, so sharing is safe,
-    and 105,604 devices repeat a few hundred values. Kinds not listed are kept whole."""
+    Slices keep their spec; equal parts of their devices (``{"string": "NVIDIA B200"}``, and whole equal
+    attribute, capacity and counter dicts) become one shared object through ``shared`` (see
+    :func:`share_values`): read-only like everything in a FleetState, so sharing is safe. Kinds not listed
+    are kept whole."""
     kind = obj.get("kind")
     if kind == "ResourceSlice":
         obj["metadata"] = _pick(obj.get("metadata"), _META)

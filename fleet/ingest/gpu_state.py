@@ -156,7 +156,8 @@ _JSON_FIELDS = ("counters_consumed", "taints")
 def refresh(cluster_id: int, pools: Collection[str] | None = None, *, retaint: bool = True) -> int:
     """Recompute the read model's rows of ``pools`` (pool names, every driver) of a cluster, or of the
     whole cluster with ``None``, from the stored devices and allocations; returns the GPU rows written.
-    Call inside the ingest transaction that changed them. A constant number of statements.
+    Call inside the ingest transaction that changed them. A constant number of statements per batch of
+    pools (one batch unless a whole large cluster is recomputed, see :func:`_pool_batches`).
 
     First the DeviceTaintRules' taints of the pools' devices are brought up to date (``retaint``; a batch
     may have rewritten device rows with their published taints only)."""

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import os
 import random
-from collections.abc import Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 import urllib3
@@ -22,6 +23,8 @@ from kubernetes import config as kconfig
 from kubernetes.config.incluster_config import InClusterConfigLoader
 
 from fleet.kube.source import Forbidden, Gone, Obj, SourceError, status_error
+
+T = TypeVar("T")
 
 PAGE_SIZE = 500
 Items = list[Obj]  # a page of a list (``list`` is a method name inside KubeSource)
@@ -187,25 +190,17 @@ class KubeSource:
 
         def pages() -> Iterator[Items]:
             page, next_token = first, token
-            # One thread, so one request ahead; it blocks on the socket, where the GIL is released.
-            ahead = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"list-{kind}")
-            try:
-                while True:
-                    # Every page of a paged list carries the first page's snapshot version.
-                    upcoming = (
-                        ahead.submit(
-                            self._page, kind, path, {"limit": str(PAGE_SIZE), "continue": next_token}
-                        )
-                        if next_token
-                        else None
-                    )
-                    yield self._items(kind, page)
-                    if upcoming is None:
-                        return
-                    page, next_token = upcoming.result()
-            finally:
-                # A caller that stops early does not wait for a page it will not read.
-                ahead.shutdown(wait=False, cancel_futures=True)
+            while True:
+                # Every page of a paged list carries the first page's snapshot version.
+                upcoming = (
+                    _in_background(self._page, kind, path, {"limit": str(PAGE_SIZE), "continue": next_token})
+                    if next_token
+                    else None
+                )
+                yield self._items(kind, page)
+                if upcoming is None:
+                    return
+                page, next_token = upcoming.result()
 
         return resource_version, pages()
 
@@ -286,3 +281,20 @@ def _http_error(status: int, body: bytes, path: str) -> SourceError:
     if isinstance(error, Gone | Forbidden):
         return error
     return SourceError(f"GET {path}: HTTP {status}: {decoded.get('message')}")
+
+
+def _in_background(fn: Callable[..., T], *args: Any) -> Future[T]:
+    """``fn(*args)`` on a daemon thread of its own, as a Future: one request ahead of the caller, which
+    blocks on the socket, where the GIL is released. Not a ThreadPoolExecutor: its threads are joined at
+    interpreter exit, so a worker stopping while a page is in flight would wait for the read timeout
+    (120 s); a caller that stops reading just leaves the thread to finish its one request."""
+    future: Future[T] = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(fn(*args))
+        except BaseException as exc:  # handed to the caller, which raises it where it reads the page
+            future.set_exception(exc)
+
+    threading.Thread(target=run, name="list-page-ahead", daemon=True).start()
+    return future
