@@ -686,7 +686,7 @@ def main() -> int:
         choices=range(20),
         default=0,
         metavar="N",
-        help="run the diagnosis worker at this niceness (1-19), below the watch path on shared cores",
+        help="run the diagnosis worker at this niceness (0-19; 0: as the others), below the watch path",
     )
     args = parser.parse_args()
     # Ctrl-C and SIGTERM take the same path: the ``finally`` below stops every process started. SIGINT is

@@ -480,11 +480,12 @@ def _diagnose_some(
     for claim in rows:
         text = shapes.text_of(claim)
         digest = digests[claim.pk] = _digest(text)
-        if claim.pk in has_row and (
-            written[claim.pk] == digest if claim.pk in written else stored.get(claim.pk) == json.loads(text)
-        ):
+        if claim.pk in has_row and written.get(claim.pk) == digest:
             continue
-        differ.append((claim, json.loads(text)))
+        result = json.loads(text)
+        if claim.pk in stored and stored[claim.pk] == result:  # a row this process has no digest of
+            continue
+        differ.append((claim, result))
     with transaction.atomic():
         changed = _store_many(differ, at)
         recorded = record_causes(cluster, changed, at, causes)

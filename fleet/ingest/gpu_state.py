@@ -216,17 +216,15 @@ def _pool_batches(cluster_id: int) -> list[list[str] | None]:
     )
     batches: list[list[str] | None] = []
     batch: list[str] = []
-    in_batch = total = 0
+    in_batch = 0
     for pool, n in sizes:
         if batch and in_batch + n > REFRESH_DEVICES:
             batches.append(batch)
             batch, in_batch = [], 0
         batch.append(pool)
         in_batch += n
-        total += n
-    if total <= REFRESH_DEVICES:
-        return [None]  # one read of all of it beats a filter naming every pool
-    return [*batches, batch]
+    # One batch: one read of all of it beats a filter naming every pool.
+    return [*batches, batch] if batches else [None]
 
 
 # Devices whose read-model rows a whole-cluster recompute computes at a time: the L fleet's ~105,000 in one

@@ -51,7 +51,16 @@ def test_a_large_cluster_is_recomputed_in_batches_of_whole_pools_with_the_same_r
     assert sorted(p for b in batches for p in b or ()) == sorted(
         Device.objects.filter(cluster=fleet).values_list("pool", flat=True).distinct()
     )
+    read: list[list[str] | None] = []
+    rows_of_pools = gpu_state._rows_of_pools
+
+    def spied(cluster_id: int, names: list[str] | None) -> Any:
+        read.append(names)
+        return rows_of_pools(cluster_id, names)
+
+    monkeypatch.setattr(gpu_state, "_rows_of_pools", spied)
     gpu_state.refresh(fleet.pk)
+    assert read == batches  # the recompute read those batches, one at a time
     assert stored_rows() == one_go
     assert GpuState.objects.filter(cluster=fleet).count() == FIXTURE_GPUS
 
