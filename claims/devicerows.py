@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,7 +51,7 @@ def attr_string(attrs: Obj, name: str, driver: str) -> str:
     return str(raw.get("string", "")) if isinstance(raw, dict) else ""
 
 
-@dataclass
+@dataclass(slots=True)
 class DeviceInfo:
     """One published device with where it lives and how we group it (model family, MIG profile)."""
 
@@ -103,38 +104,26 @@ def _nothing(values: tuple[Any, ...]) -> tuple[Any, ...]:
 
 @dataclass
 class PoolRows:
-    """What one pool's newest slices yield."""
+    """What one pool's newest slices yield, with signature keys for one high-cardinality set."""
 
     slices: tuple[Obj, ...]  # held: their identities are the entry's key
     infos: list[DeviceInfo]  # in allocator order, each with the signature last assigned
-    # per device: (allowMultipleAllocations, layout, frozen values in the layout's order, capacities)
-    parts: list[tuple[bool, Layout, tuple[Any, ...], tuple[tuple[str, Any], ...]]]
     # distinct attribute values in this pool: a shared 1-tuple when there is one (most attributes)
     values: dict[Ref, tuple[Any, ...] | frozenset[Any]]
     published: tuple[Published, ...]  # first occurrences, in device order
     duplicate: str  # the first device name published twice, "" if none
-    # signature keys under the high-cardinality set they were made for
-    high: frozenset[Ref] | None = None
-    local_keys: list[Any] = field(default_factory=list)
-    local_index: list[int] = field(default_factory=list)
+    high: frozenset[Ref]  # the high-cardinality set the signature keys were made for
+    local_keys: list[Any]  # distinct signature keys, in order of first device
+    local_index: list[int]  # per device, its key's position in local_keys
     shared: bool = False  # its infos were handed to a state, and so are never changed again
 
-    def keys_for(self, high: frozenset[Ref]) -> None:
-        if self.high == high:
-            return
-        seen: dict[Any, int] = {}
-        index = []
-        driver = self.infos[0].key[0] if self.infos else ""
-        for multi, layout, values, caps in self.parts:
-            names, keep = layout.keeper(high)
-            key = (driver, multi, names, keep(values), caps)
-            index.append(seen.setdefault(key, len(seen)))
-        self.high, self.local_keys, self.local_index = high, list(seen), index
 
-
-def pool_rows(slices: tuple[Obj, ...], interned: dict[Any, Any]) -> PoolRows:
+def pool_rows(slices: tuple[Obj, ...], interned: dict[Any, Any], high: frozenset[Ref]) -> PoolRows:
     """``slices``: the newest slices of one pool (one driver), in name order. ``interned``: equal
-    read-only parts of pools, shared."""
+    read-only parts of pools, shared. ``high``: the fleet's high-cardinality attributes as far as the
+    caller knows; signature keys leave them out. Each device's frozen values are dropped once its key is
+    made (they were ~40% of the rows at XL, most of them unique: serials, bus IDs): a pool whose ``high``
+    turns out wrong is built again (:meth:`DeviceRows.devices`)."""
     # id of a value -> (value, frozen value): lean objects share equal values (fleetstate.lean_object),
     # so most are frozen once per pool. Per pool: a build-wide map would hold every device's unique
     # values (serials, bus IDs) at once.
@@ -148,9 +137,10 @@ def pool_rows(slices: tuple[Obj, ...], interned: dict[Any, Any]) -> PoolRows:
 
     layouts: dict[tuple[str, ...], Layout] = {}
     capacities: dict[Any, Any] = {}
-    rows_of: dict[int, list[tuple[Any, ...]]] = {}  # id(layout) -> each device's frozen values
+    distinct: dict[Ref, set[Any]] = {}
     infos: list[DeviceInfo] = []
-    parts = []
+    keys: dict[Any, int] = {}
+    index: list[int] = []
     published: dict[tuple[str, str], str] = {}  # (kind, name) -> value type; one driver
     names: set[str] = set()
     duplicate = ""
@@ -181,24 +171,25 @@ def pool_rows(slices: tuple[Obj, ...], interned: dict[Any, Any]) -> PoolRows:
             if layout is None:
                 refs = tuple(("attributes", *parse_qualified_name(a, driver)) for a in attr_names)
                 layout = layouts[attr_names] = Layout(attr_names, refs)
-                rows_of[id(layout)] = []
                 for a in attr_names:
                     if ("a", a) not in published:
                         raw = attrs[a]
                         published[("a", a)] = next(iter(raw), "") if isinstance(raw, dict) else ""
             values = tuple([freeze_once(v) for v in attrs.values()])
-            rows_of[id(layout)].append(values)
+            for ref, value in zip(layout.refs, values, strict=True):
+                seen = distinct.get(ref)
+                if seen is None:
+                    distinct[ref] = {value}
+                else:
+                    seen.add(value)
             capacity = device.get("capacity") or {}
             for cap in capacity:
                 published.setdefault(("c", cap), "quantity")
             caps = tuple(zip(capacity, [freeze_once(v) for v in capacity.values()], strict=True))
             caps = capacities.setdefault(caps, caps)  # devices of one model share theirs: one tuple
-            multi = bool(device.get("allowMultipleAllocations"))
-            parts.append((multi, layout, values, caps))
-    distinct: dict[Ref, set[Any]] = {}
-    for layout in layouts.values():
-        for ref, column in zip(layout.refs, zip(*rows_of[id(layout)], strict=True), strict=True):
-            distinct.setdefault(ref, set()).update(column)
+            kept_names, keep = layout.keeper(high)
+            key = (driver, bool(device.get("allowMultipleAllocations")), kept_names, keep(values), caps)
+            index.append(keys.setdefault(key, len(keys)))
     # Kept between states for every pool: sets are large (a 1-value set is 216 bytes, 25 MB at L).
     kept: dict[Ref, tuple[Any, ...] | frozenset[Any]] = {}
     for ref, found in distinct.items():
@@ -211,11 +202,45 @@ def pool_rows(slices: tuple[Obj, ...], interned: dict[Any, Any]) -> PoolRows:
     return PoolRows(
         slices=slices,
         infos=infos,
-        parts=parts,
         values=kept,
         published=interned.setdefault(listed, listed),
         duplicate=duplicate,
+        high=high,
+        local_keys=list(keys),
+        local_index=index,
     )
+
+
+def guess_high(pools: list[tuple[Obj, ...]]) -> frozenset[Ref]:
+    """The high-cardinality attributes of these pools' devices, counted straight from their slices: the
+    set a first build makes its signature keys for, so that it builds each pool once (a wrong guess costs
+    a second build of the pools it was wrong for, nothing else)."""
+    distinct: dict[Ref, set[Any]] = {}
+    high: set[Ref] = set()
+    refs: dict[tuple[str, str], Ref] = {}
+    for slices in pools:
+        # Lean slices share equal attribute dicts (all of one profile of a GPU) and values: count each
+        # once per pool. Ids are safe while the slices, which hold the objects, are alive.
+        done: set[int] = set()
+        for s in slices:
+            spec = s.get("spec") or {}
+            driver = spec.get("driver", "")
+            for device in spec.get("devices") or []:
+                attrs = device.get("attributes") or {}
+                if id(attrs) in done:
+                    continue
+                done.add(id(attrs))
+                for name, raw in attrs.items():
+                    ref = refs.get((driver, name))
+                    if ref is None:
+                        ref = refs[(driver, name)] = ("attributes", *parse_qualified_name(name, driver))
+                    if ref in high:
+                        continue
+                    seen = distinct.setdefault(ref, set())
+                    seen.add(freeze(raw))
+                    if len(seen) > HIGH_CARDINALITY:
+                        high.add(ref)
+    return frozenset(high)
 
 
 @dataclass
@@ -227,6 +252,16 @@ class Devices:
     high_cardinality: frozenset[Ref]
     published: list[Published]  # first occurrences in device order
     duplicates: list[tuple[PoolKey, str]]  # pools publishing a device name twice, in device order
+    by_pool: dict[PoolKey, list[DeviceInfo]]  # each pool's devices, in allocator order
+
+    def find(self, key: DeviceKey) -> DeviceInfo | None:
+        """The device ``key`` (driver, pool, name): a scan of its pool, which a fleet-wide index by key
+        would save at ~75 bytes per device (80 MB at XL, per state) for a lookup made a few times per
+        fitting claim."""
+        for info in self.by_pool.get((key[0], key[1]), ()):
+            if info.key == key:
+                return info
+        return None
 
 
 @dataclass
@@ -237,6 +272,7 @@ class DeviceRows:
     interned: dict[Any, Any] = field(default_factory=dict, repr=False)
     interned_limit: int = 4096  # rebuilt from the kept pools above this size
     built: int = 0  # entries computed (not reused), for tests and benchmarks
+    high: frozenset[Ref] | None = None  # the fleet's high-cardinality set at the last build
 
     def devices(self, slices: list[Obj]) -> Devices:
         """The devices of the newest generation of every pool of ``slices``, in allocator order (pool,
@@ -248,34 +284,50 @@ class DeviceRows:
             pool = spec.get("pool") or {}
             key = (spec.get("driver", ""), pool.get("name", ""))
             by_pool.setdefault(key, []).append((int(pool.get("generation", 0)), s))
-        entries: dict[PoolKey, PoolRows] = {}
+        members_of: dict[PoolKey, tuple[Obj, ...]] = {}
+        entries: dict[PoolKey, PoolRows | None] = {}
         for key in sorted(by_pool):
             newest = max(0, *(generation for generation, _ in by_pool[key]))
             current = [s for generation, s in by_pool[key] if generation == newest]
-            members = tuple(sorted(current, key=lambda s: (s.get("metadata") or {}).get("name", "")))
+            members = members_of[key] = tuple(
+                sorted(current, key=lambda s: (s.get("metadata") or {}).get("name", ""))
+            )
             entry = self.pools.get(key)
             if (
                 entry is None
                 or len(entry.slices) != len(members)
                 or any(a is not b for a, b in zip(entry.slices, members, strict=True))
             ):
-                entry = pool_rows(members, self.interned)
-                self.built += 1
+                entry = None
             entries[key] = entry
-        self.pools = entries  # pools gone from the fleet are dropped
+        missing = [key for key, entry in entries.items() if entry is None]
+        guess = self.high
+        if guess is None:
+            guess = guess_high([members_of[key] for key in missing])
+        for key in missing:
+            entries[key] = pool_rows(members_of[key], self.interned, guess)
+            self.built += 1
+        built = {key: entry for key, entry in entries.items() if entry is not None}
+        high = _high(built.values())
+        for key, entry in built.items():
+            if entry.high != high:  # made for another set: its keys are not this fleet's
+                built[key] = pool_rows(entry.slices, self.interned, high)
+                self.built += 1
+        self.pools, self.high = built, high  # pools gone from the fleet are dropped
         if len(self.interned) > self.interned_limit:  # parts of pools long gone
             live: dict[Any, Any] = {}
-            for e in entries.values():
+            for e in built.values():
                 live[e.published] = e.published
                 live.update(((ref, v), v) for ref, v in e.values.items() if isinstance(v, tuple))
             self.interned, self.interned_limit = live, 2 * len(live) + 4096
-        return _merge(list(entries.items()))
+        return _merge(list(built.items()), high)
 
 
-def _merge(entries: list[tuple[PoolKey, PoolRows]]) -> Devices:
+def _high(entries: Iterable[PoolRows]) -> frozenset[Ref]:
+    """The attributes with more than HIGH_CARDINALITY distinct values over the pools."""
     distinct: dict[Ref, set[Any]] = {}
     high: set[Ref] = set()
-    for _, entry in entries:
+    for entry in entries:
         for ref, found in entry.values.items():
             if ref in high:
                 continue
@@ -286,7 +338,11 @@ def _merge(entries: list[tuple[PoolKey, PoolRows]]) -> Devices:
                 seen.update(found)
             if len(seen) > HIGH_CARDINALITY:
                 high.add(ref)
-    frozen_high = frozenset(high)
+    return frozenset(high)
+
+
+def _merge(entries: list[tuple[PoolKey, PoolRows]], high: frozenset[Ref]) -> Devices:
+    """The pools' rows as one fleet's (each pool's keys made for ``high``)."""
     ids: dict[Any, int] = {}
     groups: list[list[DeviceInfo]] = []
     infos: list[DeviceInfo] = []
@@ -294,8 +350,8 @@ def _merge(entries: list[tuple[PoolKey, PoolRows]]) -> Devices:
     seen_names: set[tuple[str, str, str]] = set()
     merged_lists: set[int] = set()
     duplicates: list[tuple[PoolKey, str]] = []
+    by_pool: dict[PoolKey, list[DeviceInfo]] = {}
     for pool, entry in entries:
-        entry.keys_for(frozen_high)
         sigs = []
         for key in entry.local_keys:
             sig = ids.get(key)
@@ -315,6 +371,7 @@ def _merge(entries: list[tuple[PoolKey, PoolRows]]) -> Devices:
             groups[sig].append(info)
         entry.shared = True
         infos += own
+        by_pool[pool] = list(own)  # a copy: a later state renumbering the pool replaces items of own
         if id(entry.published) not in merged_lists:
             merged_lists.add(id(entry.published))
             for item in entry.published:
@@ -323,4 +380,4 @@ def _merge(entries: list[tuple[PoolKey, PoolRows]]) -> Devices:
                     published.append(item)
         if entry.duplicate:
             duplicates.append((pool, entry.duplicate))
-    return Devices(infos, groups, frozen_high, published, duplicates)
+    return Devices(infos, groups, high, published, duplicates, by_pool)

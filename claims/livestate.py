@@ -20,7 +20,15 @@ from typing import Any
 
 from claims.devicerows import DeviceRows
 from claims.diagnosis.footprint import GroupKey, class_groups, class_names, fleet_wide, pool_groups
-from claims.fleetstate import KINDS, FleetState, Obj, _stored, claim_results, stored_models
+from claims.fleetstate import (
+    KINDS,
+    FleetState,
+    Obj,
+    _stored,
+    claim_results,
+    shared_more_than_once,
+    stored_models,
+)
 from fleet.normalize import object_as_v1
 
 Key = tuple[str, str]  # (namespace, name); namespace "" for cluster-scoped kinds
@@ -100,6 +108,7 @@ class LiveFleet:
         with cyclic_gc_paused():
             for kind in READ:
                 live._reload(kind)
+        live.shared = shared_more_than_once(live.shared)
         return live
 
     def size(self) -> int:

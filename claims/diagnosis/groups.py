@@ -148,6 +148,9 @@ class Context:
         for pool_key, name in state.duplicate_devices():
             if pool_key not in problems:
                 problems[pool_key] = f"pool {pool_key[0]}/{pool_key[1]} is invalid: duplicate device {name}"
+        # One parsed value per stored value: lean slices share equal values, and half a million counters
+        # at XL are a handful of distinct quantities (one Fraction each, not one per counter).
+        parsed: dict[int, tuple[Obj, Fraction]] = {}
         for s in state.objects["ResourceSlice"]:
             spec = s.get("spec") or {}
             for cs in spec.get("sharedCounters") or []:
@@ -158,7 +161,13 @@ class Context:
                         cs.get("name", ""),
                         cname,
                     )
-                    counters[ck] = parse_quantity(str((value or {}).get("value", "0"))).value
+                    hit = parsed.get(id(value))
+                    if hit is None:  # the value is kept in the tuple, so its id is not reused meanwhile
+                        hit = parsed[id(value)] = (
+                            value,
+                            parse_quantity(str((value or {}).get("value", "0"))).value,
+                        )
+                    counters[ck] = hit[1]
         holders = state.holders()
         used: set[tuple[str, str, str]] = set()
         for info in state.devices():

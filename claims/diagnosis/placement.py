@@ -111,10 +111,9 @@ def _invalid_pool_nodes(state: FleetState, ctx: Context) -> dict[str, set[str]]:
 def fits_diagnosis(
     state: FleetState, base: Diagnosis, claim: Obj, pod: Obj | None, node: str, result: AllocationResult
 ) -> Diagnosis:
-    infos = state.device_index()
     devices = []
     for r in ((result.allocations.get(klog(claim)) or {}).get("devices") or {}).get("results") or []:
-        info = infos.get((r["driver"], r["pool"], r["device"]))
+        info = state.device((r["driver"], r["pool"], r["device"]))
         devices.append({**r, "model": info.model if info else "", "profile": info.profile if info else ""})
     base.category = "fits"
     base.placement = {"node": node, "devices": devices, "allocation": result.allocations.get(klog(claim))}

@@ -10,13 +10,14 @@ from io import StringIO
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from django.core.management import call_command
 from django.db import connection
 
 from claims import fleetstate, tasks
 from claims.diagnosis import diagnose
-from claims.fleetstate import FleetState, decode_json, lean_object, share_values
+from claims.fleetstate import FleetState, decode_json, lean_object, share_values, shared_more_than_once
 from claims.livestate import LiveFleet
 from fleet.models import ResourceClaim
 
@@ -119,6 +120,76 @@ def test_lean_slices_keep_their_devices_and_share_equal_values() -> None:
         is slices[1]["spec"]["devices"][0]["capacity"]["memory"]
     )
     assert slices[0]["metadata"] == {"name": "s0"}
+
+
+def test_lean_pods_and_claims_share_what_their_workload_repeats() -> None:
+    shared: dict[Any, Any] = {}
+
+    def pod(i: int) -> dict[str, Any]:
+        return {
+            "kind": "Pod",
+            "metadata": {"name": f"job-{i}", "namespace": "ml", "uid": f"u{i}", "labels": {"a": "b"}},
+            "spec": {
+                "nodeName": "node-1",
+                "containers": [{"name": "main", "image": "x", "resources": {"claims": [{"name": "gpu"}]}}],
+                "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}],
+            },
+            "status": {
+                "phase": "Running",
+                "resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": f"c{i}"}],
+            },
+        }
+
+    def claim(i: int) -> dict[str, Any]:
+        result = {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "node-1", "device": f"gpu-{i}"}
+        return {
+            "kind": "ResourceClaim",
+            "metadata": {"name": f"c{i}", "namespace": "ml", "uid": f"cu{i}"},
+            "spec": {"devices": {"requests": [{"name": "gpu"}]}},
+            "status": {"allocation": {"devices": {"results": [result]}}},
+        }
+
+    # Decoded from JSON, as stored objects are: equal strings are separate objects until made one.
+    pods = [lean_object(orjson.loads(orjson.dumps(pod(i))), shared) for i in range(2)]
+    claims = [lean_object(orjson.loads(orjson.dumps(claim(i))), shared) for i in range(2)]
+    a, b = pods
+    assert a["spec"]["containers"] is b["spec"]["containers"]
+    assert a["spec"]["resourceClaims"] is b["spec"]["resourceClaims"]
+    assert a["spec"]["nodeName"] is b["spec"]["nodeName"] and a["status"]["phase"] is b["status"]["phase"]
+    assert a["status"]["resourceClaimStatuses"] != b["status"]["resourceClaimStatuses"]
+    assert a["spec"]["containers"] == [{"name": "main", "resources": {"claims": [{"name": "gpu"}]}}]
+    assert a["metadata"] == {"name": "job-0", "namespace": "ml", "uid": "u0"}
+    first, second = (c["status"]["allocation"]["devices"]["results"][0] for c in claims)
+    assert first["pool"] is second["pool"] and first["driver"] is second["driver"]
+    assert first == {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "node-1", "device": "gpu-0"}
+    # Device names repeat on every node of a model: one string.
+    slices = [
+        lean_object(
+            orjson.loads(orjson.dumps({"kind": "ResourceSlice", "spec": {"devices": [{"name": "gpu-0"}]}})),
+            shared,
+        )
+        for _ in range(2)
+    ]
+    assert slices[0]["spec"]["devices"][0]["name"] is slices[1]["spec"]["devices"][0]["name"]
+
+
+def test_only_values_held_twice_stay_shared_for_the_changes_to_come(imported: None) -> None:
+    shared: dict[Any, Any] = {}
+    a = share_values([{"x": {"string": "same"}}, {"y": {"string": "once"}}], shared)
+    b = share_values([{"x": {"string": "same"}}], shared)
+    kept = shared_more_than_once(shared)
+    # {"x": ...} is in both lists; everything else (the lists, {"y": ...}, and the values inside the
+    # shared dict, held by it alone) has one holder.
+    assert list(kept.values()) == [{"x": {"string": "same"}}]
+    assert next(iter(kept.values())) is a[0] is b[0]
+    assert len(shared) == 6
+    live = LiveFleet.load("fixtures")
+    assert live.shared and shared_more_than_once(live.shared).keys() == live.shared.keys()
+    everything: dict[Any, Any] = {}
+    for table in live.objects.values():
+        for obj in table.values():
+            share_values(obj, everything)
+    assert len(live.shared) < len(everything)
 
 
 def test_stored_json_decodes_like_json_loads_even_beyond_64_bits() -> None:

@@ -72,6 +72,7 @@ def facts(devices: Devices) -> Any:
         devices.high_cardinality,
         devices.published,
         devices.duplicates,
+        [(pool, [(i.key, i.sig) for i in infos]) for pool, infos in devices.by_pool.items()],
     )
 
 
@@ -111,8 +112,16 @@ def test_rows_kept_between_states_compute_what_a_fresh_build_computes() -> None:
         built_before = rows.built
         kept = rows.devices(slices)
         reused += len(rows.pools) - (rows.built - built_before)
-        fresh = DeviceRows().devices(list(slices))
+        first = DeviceRows()
+        fresh = first.devices(list(slices))
+        # A first build guesses the high-cardinality set from the slices: right, so each pool is built once.
+        assert first.built == len(first.pools), f"seed {seed}, step {step}"
         assert facts(kept) == facts(fresh), f"seed {seed}, step {step}"
+        # Each pool's list is its devices, and a device is found by its key in it.
+        assert [i for infos in kept.by_pool.values() for i in infos] == kept.infos
+        for info in rng.sample(kept.infos, min(5, len(kept.infos))):
+            assert kept.find(info.key) is info or info.key[2] in {n for _, n in kept.duplicates}
+        assert kept.find(("gpu.nvidia.com", "node-99", "gpu-0-0")) is None
         earlier.append((kept, facts(kept)))
         for devices, seen in earlier:
             assert facts(devices) == seen, f"seed {seed}, step {step}: an earlier state's devices changed"
