@@ -11,7 +11,6 @@ import json
 import re
 import sys
 from collections.abc import Iterable, Iterator
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -118,12 +117,14 @@ class FleetState:
         """Every mirrored object of one cluster (or of the only cluster) from its stored raw JSON.
 
         ``lean`` keeps of each object only what diagnosing a claim *given from outside* reads (see
-        :func:`lean_object`): the recompute task passes each claim's own stored row, so it needs neither
-        the pods' containers nor the allocated claims' metadata, and the L fleet then fits in a third of
-        the memory (bench/README.md "Memory of the diagnosis task"). Not for ``find``-then-diagnose
-        callers: an allocated claim found here has lost its metadata."""
+        :func:`lean_object`): a what-if's pasted claim, a stored pending claim's own row. The fleet then
+        fits in a fifth of the memory (at XL 2 GB instead of 10; bench/README.md "Memory of the diagnosis
+        task"). Not for ``find``-then-diagnose callers (``manage.py explain NAMESPACE/NAME``): an allocated
+        claim found here has lost its spec.
+
+        The cyclic collector is left running: web requests load states concurrently and without end,
+        and overlapping pauses could keep it off process-wide for as long as requests keep coming."""
         from fleet import models as fm
-        from fleet.gcpause import cyclic_gc_paused
 
         clusters = fm.Cluster.objects.all()
         if cluster:
@@ -134,16 +135,10 @@ class FleetState:
         if len(found) > 1 and not cluster:
             raise LookupError("several clusters: choose one with --cluster")
         chosen = found[0]
-        sources = stored_models()
         objs: list[Obj] = []
         shared: dict[Any, Any] = {}
-        # Decoded JSON is trees: the collector would only walk it, many times. Only the lean load (the
-        # diagnosis task, one at a time per worker process) pauses it: web requests load full states
-        # concurrently and without end, and their overlapping pauses could keep the collector off for as
-        # long as requests keep coming, process-wide.
-        with cyclic_gc_paused() if lean else nullcontext():
-            for kind, model in sources:
-                objs += _stored(kind, model.objects.filter(cluster=chosen), shared if lean else None)
+        for kind, model in stored_models():
+            objs += _stored(kind, model.objects.filter(cluster=chosen), shared if lean else None)
         return cls.from_objects(objs, cluster=chosen.name)
 
     def __enter__(self) -> FleetState:

@@ -342,7 +342,7 @@ def diagnose_now(claim: ResourceClaim) -> dict[str, Any]:
     """The diagnosis of ``claim`` computed now on its cluster's fleet, and not stored: the diagnosis task
     (``claims.tasks``) is the one writer of ClaimDiagnosis, so a read that finds no stored row answers with a
     fresh result and leaves the table as it was."""
-    with FleetState.from_db(claim.cluster.name) as state:
+    with FleetState.from_db(claim.cluster.name, lean=True) as state:  # the claim is its own stored row
         return diagnose(state, {**claim.raw, "kind": "ResourceClaim"}).as_dict()
 
 

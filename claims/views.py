@@ -157,7 +157,7 @@ def _whatif(form: WhatIfForm, vis: Visibility) -> dict[str, Any] | None:
         return None
     cluster = form.cleaned_data["cluster"]
     try:
-        state = FleetState.from_db(cluster)
+        state = FleetState.from_db(cluster, lean=True)  # the claim is the form's: see the API's what-if
     except LookupError as exc:
         form.add_error("cluster", str(exc.args[0]))
         return None

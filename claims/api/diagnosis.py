@@ -236,7 +236,8 @@ class WhatIfView(APIView):
             # A 400 naming the field, as for query parameters: {"spec.devices.requests[1]": ["expected..."]}.
             return Response({exc.field or "body": [exc.problem]}, status=status.HTTP_400_BAD_REQUEST)
         try:
-            state = FleetState.from_db(request.query_params.get("cluster") or None)
+            # Lean: the claim is given here, the fleet is only read (a fifth of the memory).
+            state = FleetState.from_db(request.query_params.get("cluster") or None, lean=True)
         except LookupError as exc:
             return _error(str(exc.args[0]), status.HTTP_404_NOT_FOUND)
         vis = visibility_for(request.user)
