@@ -295,7 +295,9 @@ def _stored(kind: str, rows: Any, shared: dict[Any, Any] | None) -> list[Obj]:
     for text in texts:
         raw = decode_json(text)
         if isinstance(raw, dict):
-            obj = {**raw, "kind": kind}
+            # In the v1 shape first: a lean object has no apiVersion left to convert it by (rows keep what
+            # the cluster served, v1beta1 for an older one).
+            obj = object_as_v1({**raw, "kind": kind})
             out.append(obj if shared is None else lean_object(obj, shared))
     return out
 

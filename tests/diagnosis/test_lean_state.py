@@ -192,6 +192,28 @@ def test_only_values_held_twice_stay_shared_for_the_changes_to_come(imported: No
     assert len(live.shared) < len(everything)
 
 
+def test_a_lean_v1beta1_slice_keeps_its_devices_attributes(db: None, tmp_path: Path) -> None:
+    # Rows keep what the cluster served: an older cluster's slices are v1beta1 (devices in ``basic``).
+    snapshot = tmp_path / "beta.json"
+    slice_ = {
+        "apiVersion": "resource.k8s.io/v1beta1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": "n1-gpu"},
+        "spec": {
+            "driver": "gpu.nvidia.com",
+            "pool": {"name": "n1", "generation": 1, "resourceSliceCount": 1},
+            "nodeName": "n1",
+            "devices": [
+                {"name": "gpu-0", "basic": {"attributes": {"productName": {"string": "NVIDIA B200"}}}}
+            ],
+        },
+    }
+    snapshot.write_bytes(orjson.dumps({"apiVersion": "v1", "kind": "List", "items": [slice_]}))
+    call_command("import_snapshot", str(snapshot), cluster="beta", stdout=StringIO())
+    full, lean = FleetState.from_db("beta"), FleetState.from_db("beta", lean=True)
+    assert [d.model for d in lean.devices()] == [d.model for d in full.devices()] == ["B200"]
+
+
 def test_stored_json_decodes_like_json_loads_even_beyond_64_bits() -> None:
     assert decode_json('{"a": [1, 2.5, true, null]}') == {"a": [1, 2.5, True, None]}
     assert decode_json('{"big": 123456789012345678901234567890}') == {"big": 123456789012345678901234567890}
