@@ -19,7 +19,6 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, os.getcwd())
@@ -29,22 +28,13 @@ import django
 
 django.setup()
 
+from bench.e2e.diagnosis_task import memory_mb  # noqa: E402
 from claims.diagnosis import diagnose, prepare  # noqa: E402
 from claims.fleetstate import FleetState  # noqa: E402
 from claims.livestate import LiveFleet  # noqa: E402
 from claims.models import ResourceClaim  # noqa: E402
 from claims.tasks import Shapes  # noqa: E402
 from fleet.gcpause import cyclic_gc_paused  # noqa: E402
-
-
-def memory_mb() -> tuple[float, float]:
-    """(current, peak) resident set of this process in MB, from ``/proc/self/status`` (Linux)."""
-    fields = {}
-    for line in Path("/proc/self/status").read_text().splitlines():
-        name, _, value = line.partition(":")
-        if name in ("VmRSS", "VmHWM"):
-            fields[name] = int(value.split()[0]) / 1024  # kB
-    return fields.get("VmRSS", 0.0), fields.get("VmHWM", 0.0)
 
 
 class Stages:
