@@ -384,10 +384,8 @@ def lean_object(obj: Obj, shared: dict[Any, Any]) -> Obj:
         if not (isinstance(status, dict) and status.get("allocation")):
             return obj  # pending claims are few and may be diagnosed from here: keep them whole
         lean_status = _pick(status, _CLAIM_STATUS)
-        allocation = lean_status["allocation"] = _pick(status["allocation"], _ALLOCATION)
-        for result in ((allocation.get("devices") or {}) if isinstance(allocation, dict) else {}).get(
-            "results"
-        ) or []:
+        lean_status["allocation"] = _pick(status["allocation"], _ALLOCATION)
+        for result in claim_results(obj):
             for key in _RESULT_NAMES:
                 _intern(result, key)
         meta = _pick(obj.get("metadata"), _META)

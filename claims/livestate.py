@@ -29,7 +29,6 @@ from claims.fleetstate import (
     shared_more_than_once,
     stored_models,
 )
-from fleet.normalize import object_as_v1
 
 Key = tuple[str, str]  # (namespace, name); namespace "" for cluster-scoped kinds
 # Kinds a pending claim's diagnosis reads; a template or an event never changes one.
@@ -117,7 +116,7 @@ class LiveFleet:
 
     def _reload(self, kind: str) -> None:
         rows = _models()[kind].objects.filter(cluster_id=self.cluster_id)
-        self.objects[kind] = {key_of(o): object_as_v1(o) for o in _stored(kind, rows, self.shared)}
+        self.objects[kind] = {key_of(o): o for o in _stored(kind, rows, self.shared)}
         self._ordered.pop(kind, None)
 
     def _read(self, kind: str, keys: list[Key]) -> dict[Key, Obj]:
@@ -133,7 +132,7 @@ class LiveFleet:
             for obj in _stored(kind, rows, self.shared):
                 key = key_of(obj)
                 if key in wanted:
-                    out[key] = object_as_v1(obj)
+                    out[key] = obj
         return out
 
     def state(self) -> FleetState:

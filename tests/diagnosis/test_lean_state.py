@@ -253,20 +253,15 @@ def test_a_recompute_frees_the_fleet_it_replaces_without_the_cyclic_collector(
     assert [ref() for ref in seen] == [None, None]  # freed by refcounting: released, cycle broken
 
 
-lean: list[bool] = []
-
-
 @pytest.fixture
-def from_db_spy(monkeypatch: pytest.MonkeyPatch) -> list[weakref.ref[Any]]:
-    """Weak references to every state ``FleetState.from_db`` returns; ``lean`` says which were lean."""
-    seen: list[weakref.ref[Any]] = []
-    lean.clear()
+def from_db_spy(monkeypatch: pytest.MonkeyPatch) -> list[tuple[weakref.ref[Any], bool]]:
+    """A weak reference to every state ``FleetState.from_db`` returns, and whether it was loaded lean."""
+    seen: list[tuple[weakref.ref[Any], bool]] = []
     original = FleetState.from_db.__func__  # type: ignore[attr-defined]
 
     def spy(cls: type[FleetState], cluster: str | None = None, **kw: Any) -> FleetState:
         state = original(cls, cluster, **kw)
-        seen.append(weakref.ref(state))
-        lean.append(bool(kw.get("lean")))
+        seen.append((weakref.ref(state), bool(kw.get("lean"))))
         return state
 
     monkeypatch.setattr(FleetState, "from_db", classmethod(spy))
@@ -290,7 +285,7 @@ def test_loading_a_state_never_pauses_the_collector(imported: None, monkeypatch:
 
 
 def test_web_diagnoses_free_their_fleet_without_the_cyclic_collector(
-    imported: None, collector_off: None, from_db_spy: list[weakref.ref[Any]]
+    imported: None, collector_off: None, from_db_spy: list[tuple[weakref.ref[Any], bool]]
 ) -> None:
     from django.contrib.auth import get_user_model
     from rest_framework.test import APIRequestFactory, force_authenticate
@@ -313,8 +308,9 @@ def test_web_diagnoses_free_their_fleet_without_the_cyclic_collector(
     assert ClaimDiagnosisView.as_view()(request, pk=pending[0].pk).status_code == 200
     assert diagnosis_page(Visibility.everything(), pending[1]).result is not None
     assert len(from_db_spy) == 3
-    assert [ref() for ref in from_db_spy] == [None] * 3  # freed by refcounting: released, cycle broken
-    assert lean == [True] * 3  # each diagnoses a claim given from outside: a fifth of the memory
+    assert [ref() for ref, _ in from_db_spy] == [None] * 3  # freed by refcounting: released, cycle broken
+    # Each diagnoses a claim given from outside: a fifth of the memory.
+    assert [lean for _, lean in from_db_spy] == [True] * 3
 
 
 def test_worker_children_above_the_memory_backstop_are_replaced_after_their_task() -> None:
