@@ -113,14 +113,17 @@ class FleetState:
         return cls.from_objects(read_files(paths))
 
     @classmethod
-    def from_db(cls, cluster: str | None = None, *, lean: bool = False) -> FleetState:
+    def from_db(
+        cls, cluster: str | None = None, *, lean: bool = False, target: tuple[str, str] | None = None
+    ) -> FleetState:
         """Every mirrored object of one cluster (or of the only cluster) from its stored raw JSON.
 
         ``lean`` keeps of each object only what diagnosing a claim *given from outside* reads (see
         :func:`lean_object`): a what-if's pasted claim, a stored pending claim's own row. The fleet then
         fits in a fifth of the memory (at XL 2 GB instead of 10; bench/README.md "Memory of the diagnosis
-        task"). Not for ``find``-then-diagnose callers (``manage.py explain NAMESPACE/NAME``): an allocated
-        claim found here has lost its spec.
+        task"). A claim found in a lean state has lost its spec when allocated: ``target`` (namespace,
+        name) keeps whole what ``find``-then-diagnose reads (``manage.py explain NAMESPACE/NAME``): the
+        claim and the pod of that name, and the claims that pod uses.
 
         The cyclic collector is left running: web requests load states concurrently and without end,
         and overlapping pauses could keep it off process-wide for as long as requests keep coming."""
@@ -135,10 +138,12 @@ class FleetState:
         if len(found) > 1 and not cluster:
             raise LookupError("several clusters: choose one with --cluster")
         chosen = found[0]
+        whole = _target_keys(chosen, target) if lean and target else {}
         objs: list[Obj] = []
         shared: dict[Any, Any] = {}
         for kind, model in stored_models():
-            objs += _stored(kind, model.objects.filter(cluster=chosen), shared if lean else None)
+            rows = model.objects.filter(cluster=chosen)
+            objs += _stored(kind, rows, shared if lean else None, whole.get(kind, frozenset()))
         return cls.from_objects(objs, cluster=chosen.name)
 
     def __enter__(self) -> FleetState:
@@ -274,9 +279,29 @@ class FleetState:
 FETCH_CHUNK = 500  # rows per round trip when streaming stored objects
 
 
-def _stored(kind: str, rows: Any, shared: dict[Any, Any] | None) -> list[Obj]:
+def _target_keys(cluster: Any, target: tuple[str, str]) -> dict[str, frozenset[tuple[str, str]]]:
+    """(namespace, name) by kind of what diagnosing the claim or pod ``target`` of ``cluster`` reads whole:
+    both of that name, and the claims the pod names (a claim made from a template is named in the pod's
+    status only)."""
+    from fleet import models as fm
+
+    namespace, name = target
+    claims = {(namespace, name)}
+    for pod in fm.Pod.objects.filter(cluster=cluster, namespace=namespace, name=name):
+        raw = pod.raw if isinstance(pod.raw, dict) else {}
+        statuses = (raw.get("status") or {}).get("resourceClaimStatuses") or []
+        refs = (raw.get("spec") or {}).get("resourceClaims") or []
+        named = [s.get("resourceClaimName") for s in statuses] + [r.get("resourceClaimName") for r in refs]
+        claims |= {(namespace, str(n)) for n in named if n}
+    return {"ResourceClaim": frozenset(claims), "Pod": frozenset({(namespace, name)})}
+
+
+def _stored(
+    kind: str, rows: Any, shared: dict[Any, Any] | None, whole: frozenset[tuple[str, str]] = frozenset()
+) -> list[Obj]:
     """The stored objects of ``rows`` (a queryset of one kind) in name order, each with its ``kind``;
-    lean (:func:`lean_object`) when ``shared`` is given. The JSON text is decoded here (orjson) and
+    lean (:func:`lean_object`) when ``shared`` is given, except those ``whole`` names (namespace, name).
+    The JSON text is decoded here (orjson) and
     streamed in chunks: Django's JSONField decoding is slower, and a whole kind's rows fetched at once
     would sit in memory next to their decoded objects."""
     from django.db.models import TextField
@@ -298,8 +323,16 @@ def _stored(kind: str, rows: Any, shared: dict[Any, Any] | None) -> list[Obj]:
             # In the v1 shape first: a lean object has no apiVersion left to convert it by (rows keep what
             # the cluster served, v1beta1 for an older one).
             obj = object_as_v1({**raw, "kind": kind})
-            out.append(obj if shared is None else lean_object(obj, shared))
+            if shared is None or (whole and _key(obj) in whole):
+                out.append(obj)
+            else:
+                out.append(lean_object(obj, shared))
     return out
+
+
+def _key(obj: Obj) -> tuple[str, str]:
+    meta = obj.get("metadata") or {}
+    return str(meta.get("namespace") or ""), str(meta.get("name") or "")
 
 
 # 19 digits in a row: maybe an integer beyond 64 bits, which orjson turns into a float (json keeps it).
@@ -479,9 +512,21 @@ def shared_more_than_once(shared: dict[Any, Any]) -> dict[Any, Any]:
     """The entries of ``shared`` whose value some two objects hold, for the changes still to come: a value
     held once (a GPU's serial, its profiles' attributes) will not be met again, and its entry (a key as
     large as the value) was a third of the lean slices' memory at XL. By reference count (CPython), less
-    what counting adds, measured on a value that only its dict holds."""
+    what counting adds, measured on a value that only its dict holds. The entries of what a kept value
+    contains stay too: an equal value is found by its parts' entries first (its key names their
+    identities), so a kept value without them could never be found again."""
     unheld = _references({None: []}, None)
-    return {k: shared[k] for k in shared if _references(shared, k) > unheld + 1}
+    kept = {k for k in shared if _references(shared, k) > unheld + 1}
+    key_of = {id(v): k for k, v in shared.items()}
+    todo = [shared[k] for k in kept]
+    while todo:
+        value = todo.pop()
+        for part in value.values() if isinstance(value, dict) else value:
+            key = key_of.get(id(part)) if isinstance(part, dict | list) else None
+            if key is not None and key not in kept:
+                kept.add(key)
+                todo.append(part)
+    return {k: shared[k] for k in shared if k in kept}
 
 
 def _references(entries: dict[Any, Any], key: Any) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import json
 import os
 import weakref
 from collections.abc import Iterator
@@ -16,7 +17,7 @@ from django.core.management import call_command
 from django.db import connection
 
 from claims import fleetstate, tasks
-from claims.diagnosis import diagnose
+from claims.diagnosis import diagnose, diagnose_name
 from claims.fleetstate import FleetState, decode_json, lean_object, share_values, shared_more_than_once
 from claims.livestate import LiveFleet
 from fleet.models import ResourceClaim
@@ -178,11 +179,13 @@ def test_only_values_held_twice_stay_shared_for_the_changes_to_come(imported: No
     a = share_values([{"x": {"string": "same"}}, {"y": {"string": "once"}}], shared)
     b = share_values([{"x": {"string": "same"}}], shared)
     kept = shared_more_than_once(shared)
-    # {"x": ...} is in both lists; everything else (the lists, {"y": ...}, and the values inside the
-    # shared dict, held by it alone) has one holder.
-    assert list(kept.values()) == [{"x": {"string": "same"}}]
-    assert next(iter(kept.values())) is a[0] is b[0]
+    # {"x": ...} is in both lists, and {"string": "same"} is a part of it; everything else (the lists,
+    # {"y": ...} and its part) has one holder.
+    assert list(kept.values()) == [{"string": "same"}, {"x": {"string": "same"}}]
     assert len(shared) == 6
+    # An equal value met later (a changed slice) is the kept one, found through its part's entry.
+    assert share_values({"x": {"string": "same"}}, kept) is a[0] is b[0]
+    assert share_values({"y": {"string": "once"}}, kept) is not a[1]
     live = LiveFleet.load("fixtures")
     assert live.shared and shared_more_than_once(live.shared).keys() == live.shared.keys()
     everything: dict[Any, Any] = {}
@@ -190,6 +193,39 @@ def test_only_values_held_twice_stay_shared_for_the_changes_to_come(imported: No
         for obj in table.values():
             share_values(obj, everything)
     assert len(live.shared) < len(everything)
+
+
+def test_explain_loads_the_fleet_lean_with_what_it_explains_whole(
+    imported: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A whole XL fleet is ~10 GB: explain NAMESPACE/NAME loads it lean, keeping the claim or pod it is
+    # asked about (and that pod's claims) whole, and says what the whole fleet says.
+    full = FleetState.from_db("fixtures")
+    calls: list[dict[str, Any]] = []
+    original = FleetState.from_db.__func__  # type: ignore[attr-defined]
+
+    def spy(cls: type[FleetState], *args: Any, **kwargs: Any) -> FleetState:
+        calls.append(kwargs)
+        return original(cls, *args, **kwargs)
+
+    monkeypatch.setattr(FleetState, "from_db", classmethod(spy))
+    targets = [
+        *((c["metadata"]["namespace"], c["metadata"]["name"]) for c in full.objects["ResourceClaim"]),
+        *((p["metadata"]["namespace"], p["metadata"]["name"]) for p in full.objects["Pod"]),
+    ]
+    allocated = [c for c in full.objects["ResourceClaim"] if (c.get("status") or {}).get("allocation")]
+    assert allocated and full.objects["Pod"]
+    for namespace, name in targets:
+        out = StringIO()
+        call_command("explain", f"{namespace}/{name}", "--cluster", "fixtures", "--json", stdout=out)
+        expected = diagnose_name(full, namespace, name).as_dict()
+        assert json.loads(out.getvalue()) == json.loads(json.dumps(expected, default=str)), name
+        assert calls.pop() == {"lean": True, "target": (namespace, name)}
+    meta = allocated[0]["metadata"]
+    lean = original(FleetState, "fixtures", lean=True, target=(meta["namespace"], meta["name"]))
+    assert lean.find("ResourceClaim", meta["namespace"], meta["name"]) == allocated[0]
+    others = [c for c in lean.objects["ResourceClaim"] if (c.get("status") or {}).get("allocation")]
+    assert len(others) == len(allocated) and sum("spec" in c for c in others) == 1
 
 
 def test_a_lean_v1beta1_slice_keeps_its_devices_attributes(db: None, tmp_path: Path) -> None:
@@ -273,9 +309,9 @@ def test_loading_a_state_never_pauses_the_collector(imported: None, monkeypatch:
     enabled: list[bool] = []
     original = fleetstate._stored
 
-    def spy(kind: str, rows: Any, shared: dict[Any, Any] | None) -> list[Any]:
+    def spy(kind: str, rows: Any, shared: dict[Any, Any] | None, *whole: Any) -> list[Any]:
         enabled.append(gc.isenabled())
-        return original(kind, rows, shared)
+        return original(kind, rows, shared, *whole)
 
     monkeypatch.setattr(fleetstate, "_stored", spy)
     assert gc.isenabled()

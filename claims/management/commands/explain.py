@@ -54,7 +54,7 @@ class Command(BaseCommand):
         elif options["context"]:
             raise CommandError("--context needs --kubeconfig")
         else:
-            state = self._state(options["fleet"], options["cluster"])
+            state = self._state(options["fleet"], options["cluster"], options["target"])
         target: str = options["target"]
         result = self._diagnose(state, target)
         if options["json"]:
@@ -62,20 +62,24 @@ class Command(BaseCommand):
         else:
             self.stdout.write(render(result))
 
-    def _state(self, fleet: list[str], cluster: str) -> FleetState:
+    def _state(self, fleet: list[str], cluster: str, target: str) -> FleetState:
         if fleet:
             try:
                 return FleetState.from_files([Path(f) for f in fleet])
             except SnapshotError as exc:
                 raise CommandError(str(exc)) from None
+        # Lean, as the what-if page loads it (a whole XL fleet is ~10 GB), with the claim or pod to explain
+        # and that pod's claims kept whole.
+        namespace, sep, name = target.partition("/")
+        named = (namespace, name) if sep and not _is_file(target) else None
         try:
-            return FleetState.from_db(cluster or None)
+            return FleetState.from_db(cluster or None, lean=True, target=named)
         except LookupError as exc:
             raise CommandError(f"{exc.args[0]} (or pass --fleet FILE to run offline)") from None
 
     def _diagnose(self, state: FleetState, target: str) -> Diagnosis:
         path = Path(target)
-        if path.suffix.lower() in (".yaml", ".yml", ".json") or path.exists():
+        if _is_file(target):
             try:
                 objs = read_files([path])
             except SnapshotError as exc:
@@ -91,6 +95,11 @@ class Command(BaseCommand):
             return diagnose_name(state, namespace, name)
         except LookupError as exc:
             raise CommandError(str(exc.args[0])) from None
+
+
+def _is_file(target: str) -> bool:
+    path = Path(target)
+    return path.suffix.lower() in (".yaml", ".yml", ".json") or path.exists()
 
 
 OPTIONAL_KINDS = frozenset({"DeviceTaintRule"})
