@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from claims.devicerows import DeviceRows
-from claims.diagnosis.footprint import GroupKey, class_groups, class_names, fleet_wide, pool_groups
+from claims.diagnosis.footprint import Footprint, GroupKey, class_names
 from claims.fleetstate import (
     KINDS,
     FleetState,
@@ -190,7 +190,7 @@ class LiveFleet:
         return reach
 
 
-def affected(before: FleetState, after: FleetState, reach: Reach, pending: dict[Key, Obj]) -> set[Key] | None:
+def affected(before: Footprint, after: Footprint, reach: Reach, pending: dict[Key, Obj]) -> set[Key] | None:
     """The pending claims (``pending``: key -> claim object) whose diagnosis ``reach`` may have changed,
     between the fleet ``before`` and ``after`` the events; None when every one may have."""
     if reach.everything:
@@ -198,18 +198,17 @@ def affected(before: FleetState, after: FleetState, reach: Reach, pending: dict[
     out = {k for k in reach.claims if k in pending}
     if not reach.pools:
         return out
-    if fleet_wide(before) != fleet_wide(after):
+    if before.wide != after.wide:
         return None
     touched: set[GroupKey] = set()
-    for state in (before, after):
-        by_pool = pool_groups(state)
+    for footprint in (before, after):
         for pool in reach.pools:
-            touched |= by_pool.get(pool, frozenset())
+            touched |= footprint.pools.get(pool, frozenset())
     if not touched:
         return out
     reached = set()
-    for state in (before, after):
-        for name, groups in class_groups(state).items():
+    for footprint in (before, after):
+        for name, groups in footprint.classes.items():
             if groups & touched:
                 reached.add(name)
     for key, claim in pending.items():

@@ -42,8 +42,9 @@ from claims import changelog, history
 from claims.causes import Pending, cause_of
 from claims.consumers import notify_pending_changed
 from claims.diagnosis import diagnose, prepare
+from claims.diagnosis.footprint import Footprint
 from claims.fleetstate import FleetState
-from claims.livestate import LiveFleet, affected
+from claims.livestate import LiveFleet, Reach, affected
 from claims.models import ClaimDiagnosis, PendingCause
 from fleet.gcpause import cyclic_gc_paused
 from fleet.models import Cluster, ResourceClaim
@@ -318,11 +319,12 @@ def _single_flight(cluster: str) -> Iterator[bool]:
 
 @dataclass
 class _Live:
-    """A process's fleet of one cluster: its objects, the state of its last update, its log position."""
+    """A process's fleet of one cluster: its objects, its log position, and the footprint of its state
+    at the last update (the state itself is released once its claims are diagnosed)."""
 
     fleet: LiveFleet
-    state: FleetState
     position: changelog.Position
+    footprint: Footprint | None = None  # None until the first diagnosis of the fleet is stored
     # Digest of the diagnosis text this process stored per pending claim (by claim id). The process is the
     # one writer of the diagnoses, so an update compares digests instead of reading ~1,800 stored results
     # (5 KB of JSON each) back from the database; a claim without a digest is compared with its row.
@@ -336,9 +338,7 @@ _live: dict[str, _Live] = {}  # by cluster, per worker process
 def forget(cluster: str | None = None) -> None:
     """Drop this process's fleet of ``cluster`` (of every cluster when None): the next update reloads."""
     for name in [cluster] if cluster else list(_live):
-        gone = _live.pop(name, None)
-        if gone is not None:
-            gone.state.release()
+        _live.pop(name, None)
 
 
 @shared_task(bind=True, ignore_result=True)
@@ -394,7 +394,7 @@ def _recompute(cluster: str, now: str | None) -> dict[str, int]:
             return {}
         state = fleet.state()
         state.devices()
-        _live[cluster] = _Live(fleet, state, position)
+        live = _live[cluster] = _Live(fleet, position)
         if fleet.size() > FREEZE_ABOVE:
             # The fleet lives until the next recompute: out of the collector's sight (gc.freeze), full
             # collections during updates walk what the updates made, not the fleet (1.2 s each at L). What
@@ -405,7 +405,10 @@ def _recompute(cluster: str, now: str | None) -> dict[str, int]:
             gc.unfreeze()
             gc.collect()
             gc.freeze()
-    return _diagnose_pending(cluster, state, at)
+    with state:
+        counts = _diagnose_pending(cluster, state, at, live)
+        live.footprint = Footprint.of(state)
+    return counts
 
 
 def _update(cluster: str, now: str | None) -> dict[str, int]:
@@ -413,7 +416,7 @@ def _update(cluster: str, now: str | None) -> dict[str, int]:
     if live is not None and not Cluster.objects.filter(name=cluster, pk=live.fleet.cluster_id).exists():
         forget(cluster)  # the cluster was dropped (and maybe added again): its fleet is another one
         live = None
-    if live is None:
+    if live is None or live.footprint is None:
         return {**_recompute(cluster, now), "full": 1}
     try:
         events, position = changelog.read(cluster, live.position)
@@ -425,7 +428,22 @@ def _update(cluster: str, now: str | None) -> dict[str, int]:
     if not reach:
         return {"diagnosed": 0, "written": 0, "removed": 0}
     at = _at(now)
-    before, state = live.state, live.fleet.state()
+    with live.fleet.state() as state:
+        counts = _diagnose_changed(cluster, live, live.footprint, state, reach, at)
+    if live.fleet.size() > FREEZE_ABOVE:
+        # What the update leaves alive (the changed objects, the footprint) joins the frozen fleet. Left to
+        # the collector, the first allocation after the pause walks all of it as one young generation: 15%
+        # of an update under churn (profile of bench_e2e, L). What is freed later goes by reference
+        # counting as before; cycles wait for the next recompute's unfreeze and collection.
+        gc.freeze()
+    return counts
+
+
+def _diagnose_changed(
+    cluster: str, live: _Live, before: Footprint, state: FleetState, reach: Reach, at: datetime
+) -> dict[str, int]:
+    """Diagnose the pending claims ``reach`` may have changed between ``before`` and ``state``, the fleet
+    now; the live fleet keeps the footprint of ``state``."""
     pending = dict(
         ((ns, name), pk)
         for pk, ns, name in ResourceClaim.objects.filter(cluster_id=live.fleet.cluster_id, state="pending")
@@ -434,22 +452,14 @@ def _update(cluster: str, now: str | None) -> dict[str, int]:
     )
     claims = live.fleet.objects["ResourceClaim"]
     objs = {k: claims.get(k) or {} for k in pending}
-    keys = affected(before, state, reach, objs)
-    live.state = state
-    before.release()
+    after = live.footprint = Footprint.of(state)
+    keys = affected(before, after, reach, objs)
     chosen = set(pending) if keys is None else keys & set(pending)
     still = set(pending.values())
     for kept in (live.written, live.causes):
         for gone in [pk for pk in kept if pk not in still]:
             del kept[gone]
-    counts = _diagnose_some(cluster, state, [pending[k] for k in chosen], at, live.written, live.causes)
-    if live.fleet.size() > FREEZE_ABOVE:
-        # What the update leaves alive (the new state, its indexes, the changed objects) joins the frozen
-        # fleet. Left to the collector, the first allocation after the pause walks all of it as one young
-        # generation: 15% of an update under churn (profile of bench_e2e, L). What is freed later goes by
-        # reference counting as before; cycles wait for the next recompute's unfreeze and collection.
-        gc.freeze()
-    return counts
+    return _diagnose_some(cluster, state, [pending[k] for k in chosen], at, live.written, live.causes)
 
 
 def _diagnose_some(
@@ -511,7 +521,7 @@ def _remember(
     causes.update(recorded)
 
 
-def _diagnose_pending(cluster: str, state: FleetState, at: datetime) -> dict[str, int]:
+def _diagnose_pending(cluster: str, state: FleetState, at: datetime, live: _Live) -> dict[str, int]:
     pending = list(ResourceClaim.objects.filter(cluster__name=cluster, state="pending").order_by("id"))
     if pending:
         prepare(state)
@@ -532,15 +542,13 @@ def _diagnose_pending(cluster: str, state: FleetState, at: datetime) -> dict[str
             drifted += 1
         results.append((claim, result))
         counts[result["category"]] = counts.get(result["category"], 0) + 1
-    live = _live.get(cluster)
     # One transaction: a page never shows half old, half new diagnoses of one fleet state.
     with transaction.atomic():
         diagnosed = _store_many(results, at)
         recorded = record_causes(cluster, diagnosed, at)  # every cause
-        if live is not None and live.state is state:
-            # The callback holds the dicts only, not the fleet (a test's transaction keeps it).
-            written, causes = live.written, live.causes
-            transaction.on_commit(lambda: _remember(written, digests, causes, recorded, replace=True))
+        # The callback holds the dicts only, not the fleet (a test's transaction keeps it).
+        written, causes = live.written, live.causes
+        transaction.on_commit(lambda: _remember(written, digests, causes, recorded, replace=True))
         ClaimDiagnosis.objects.filter(claim__cluster__name=cluster).exclude(claim__state="pending").delete()
         # Open pending pages refetch their rows (claims.consumers); after commit, like every side effect.
         transaction.on_commit(lambda: notify_pending_changed(cluster))

@@ -75,7 +75,7 @@ def main(argv: list[str]) -> int:
     full = time.perf_counter() - t
     print(f"full recompute (baseline): {full:.2f} s for {pending} pending claims, load {os.getloadavg()}")
     # The shared diagnosis of a shape is each claim's own: a sample diagnosed alone, on the same state.
-    state = tasks._live[CLUSTER].state
+    state = tasks._live[CLUSTER].fleet.state()
     shapes = tasks.Shapes(state)
     sample = ResourceClaim.objects.filter(cluster=cluster, state="pending").order_by("?")[:40]
     for row in sample:

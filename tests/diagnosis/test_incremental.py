@@ -474,3 +474,43 @@ def test_an_update_leaves_no_reference_cycles_of_its_own(quiet: None) -> None:
         gc.garbage.clear()
     assert not ours, collections.Counter(type(o).__qualname__ for o in ours).most_common(10)
     assert "runtime error" in json.dumps(list(stored(name).values())).lower()
+
+
+def test_between_updates_the_process_keeps_the_fleet_and_a_footprint_but_no_state(
+    quiet: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A state's indexes and per-fleet context (holders, counters, the allocator's index: ~200 MB at XL)
+    # would otherwise live until the next update and overlap the next state's at its peak.
+    import weakref
+
+    from claims.diagnosis.footprint import Footprint
+    from claims.livestate import LiveFleet
+
+    made: list[weakref.ref[FleetState]] = []
+    original = LiveFleet.state
+
+    def spy(self: LiveFleet) -> FleetState:
+        state = original(self)
+        made.append(weakref.ref(state))
+        return state
+
+    monkeypatch.setattr(LiveFleet, "state", spy)
+    name = "incr-released"
+    fleet = new_fleet(name, random.Random(3))
+    fleet.set_node("h1", "H100", "full", 2, {})
+    fleet.set_node("b1", "B200", "dynamic-mig", 1, {})
+    fleet.allocate()
+    for _ in range(3):
+        fleet.add_pending()
+    gc.disable()  # freed by reference counting, not by a collection
+    try:
+        assert tasks.update_diagnoses(name)["full"] == 1
+        for _ in range(4):
+            fleet.change()
+            assert "full" not in tasks.update_diagnoses(name)
+        assert len(made) >= 3 and [ref() for ref in made] == [None] * len(made)
+    finally:
+        gc.enable()
+    live = tasks._live[name]
+    assert isinstance(live.footprint, Footprint) and live.footprint.pools
+    assert stored(name) == fresh(name)
