@@ -484,7 +484,7 @@ def _diagnose_some(
         if unknown
         else []
     )
-    differ: list[tuple[ResourceClaim, dict[str, Any]]] = []
+    differ: list[tuple[ResourceClaim, str]] = []
     digests: dict[int, bytes] = {}
     shapes = Shapes(state)
     for claim in rows:
@@ -492,22 +492,60 @@ def _diagnose_some(
         digest = digests[claim.pk] = _digest(text)
         if claim.pk in has_row and written.get(claim.pk) == digest:
             continue
-        result = json.loads(text)
-        if claim.pk in stored and stored[claim.pk] == result:  # a row this process has no digest of
+        if claim.pk in stored and stored[claim.pk] == json.loads(text):  # a row this process has no digest of
             continue
-        differ.append((claim, result))
+        differ.append((claim, text))
     with transaction.atomic():
-        changed = _store_many(differ, at)
-        recorded = record_causes(cluster, changed, at, causes)
+        done = _store_texts(cluster, differ, at, causes)
+        recorded = done.recorded
         transaction.on_commit(lambda: _remember(written, digests, causes, recorded, replace=False))
         removed, _ = (
             ClaimDiagnosis.objects.filter(claim__cluster__name=cluster)
             .exclude(claim__state="pending")
             .delete()
         )
-        if changed or removed:
+        if done.written or removed:
             transaction.on_commit(lambda: notify_pending_changed(cluster))
-    return {"diagnosed": len(rows), "written": len(changed), "removed": removed}
+    return {"diagnosed": len(rows), "written": done.written, "removed": removed}
+
+
+STORE_CHUNK = 500  # diagnoses decoded and written at a time
+
+
+@dataclass
+class _Stored:
+    written: int = 0
+    recorded: Recorded = field(default_factory=dict)  # see record_causes
+    drifted: int = 0  # stored results that differed (with ``compare``)
+    categories: dict[str, int] = field(default_factory=dict)  # diagnoses stored per category
+
+
+def _store_texts(
+    cluster: str,
+    texts: list[tuple[ResourceClaim, str]],
+    at: datetime,
+    causes: Recorded | None,
+    compare: bool = False,
+) -> _Stored:
+    """Store the diagnoses ``texts`` (JSON) and their causes (see record_causes), in the caller's
+    transaction, chunk by chunk: decoded, 6,000 results are ~180 MB at XL, as text a sixth of that. With
+    ``compare``, also count the stored results that differed."""
+    out = _Stored()
+    for start in range(0, len(texts), STORE_CHUNK):
+        chunk = [(claim, json.loads(text)) for claim, text in texts[start : start + STORE_CHUNK]]
+        if compare:
+            held = dict(
+                ClaimDiagnosis.objects.filter(claim_id__in=[c.pk for c, _ in chunk]).values_list(
+                    "claim_id", "result"
+                )
+            )
+            out.drifted += sum(1 for c, r in chunk if c.pk in held and held[c.pk] != r)
+        for _, result in chunk:
+            out.categories[result["category"]] = out.categories.get(result["category"], 0) + 1
+        rows = _store_many(chunk, at)
+        out.recorded.update(record_causes(cluster, rows, at, causes))
+        out.written += len(rows)
+    return out
 
 
 def _remember(
@@ -525,37 +563,27 @@ def _diagnose_pending(cluster: str, state: FleetState, at: datetime, live: _Live
     pending = list(ResourceClaim.objects.filter(cluster__name=cluster, state="pending").order_by("id"))
     if pending:
         prepare(state)
-    held = {
-        d["claim_id"]: d["result"]
-        for d in ClaimDiagnosis.objects.filter(claim__cluster__name=cluster).values("claim_id", "result")
-    }
-    counts: dict[str, int] = {}
-    results = []
-    drifted = 0
+    texts = []
     shapes = Shapes(state)
     digests: dict[int, bytes] = {}
     for claim in pending:
         text = shapes.text_of(claim)
-        result = json.loads(text)
         digests[claim.pk] = _digest(text)
-        if claim.pk in held and held[claim.pk] != result:
-            drifted += 1
-        results.append((claim, result))
-        counts[result["category"]] = counts.get(result["category"], 0) + 1
+        texts.append((claim, text))
     # One transaction: a page never shows half old, half new diagnoses of one fleet state.
     with transaction.atomic():
-        diagnosed = _store_many(results, at)
-        recorded = record_causes(cluster, diagnosed, at)  # every cause
+        done = _store_texts(cluster, texts, at, None, compare=True)  # every cause
+        recorded = done.recorded
         # The callback holds the dicts only, not the fleet (a test's transaction keeps it).
         written, causes = live.written, live.causes
         transaction.on_commit(lambda: _remember(written, digests, causes, recorded, replace=True))
         ClaimDiagnosis.objects.filter(claim__cluster__name=cluster).exclude(claim__state="pending").delete()
         # Open pending pages refetch their rows (claims.consumers); after commit, like every side effect.
         transaction.on_commit(lambda: notify_pending_changed(cluster))
-    if drifted:
+    if done.drifted:
         # The incremental path (or a change it has not applied yet) held these differently.
-        log.warning("recompute_diagnoses: %d stored diagnoses of %s were out of date", drifted, cluster)
-    return counts
+        log.warning("recompute_diagnoses: %d stored diagnoses of %s were out of date", done.drifted, cluster)
+    return done.categories
 
 
 @shared_task(ignore_result=True)

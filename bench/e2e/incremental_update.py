@@ -7,7 +7,10 @@ First the full recompute (``recompute_diagnoses``: the baseline, and the load of
 ``rounds`` fleet changes, each written through ingest and followed by ``update_diagnoses`` as the worker
 runs it: a taint on one GPU (the change ``bench_e2e.py`` times), a device freed (an allocated claim
 deleted) and its claim written back. Prints per change the time from the commit to the stored diagnoses,
-how many claims were diagnosed and written, and the load average. Changes the database: use a scratch copy.
+how many claims were diagnosed and written, and the load average; then the process's memory: resident
+after the recompute, the peak of the recompute, and the peak of the updates alone (VmHWM started over after
+the recompute), which is where the state before a change and the state after it could overlap. Changes the
+database: use a scratch copy.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import django
 
 django.setup()
 
+from bench.e2e.diagnosis_task import memory_mb  # noqa: E402
 from claims import tasks  # noqa: E402
 from fleet import ingest  # noqa: E402
 from fleet.models import Cluster, ResourceClaim, ResourceSlice  # noqa: E402
@@ -74,14 +78,17 @@ def main(argv: list[str]) -> int:
     tasks.recompute_diagnoses(CLUSTER)
     full = time.perf_counter() - t
     print(f"full recompute (baseline): {full:.2f} s for {pending} pending claims, load {os.getloadavg()}")
+    after_recompute, recompute_peak = memory_mb()
     # The shared diagnosis of a shape is each claim's own: a sample diagnosed alone, on the same state.
-    state = tasks._live[CLUSTER].fleet.state()
-    shapes = tasks.Shapes(state)
-    sample = ResourceClaim.objects.filter(cluster=cluster, state="pending").order_by("?")[:40]
-    for row in sample:
-        alone = json.loads(json.dumps(tasks.diagnosis_of(state, row)))
-        assert shapes.of(row) == alone, f"{row.name}: the shared diagnosis differs from its own"
-    print(f"shared diagnoses of {len(sample)} sampled claims equal their own ({len(shapes.done)} shapes)")
+    # Released before the updates: the worker keeps no state between updates.
+    with tasks._live[CLUSTER].fleet.state() as state:
+        shapes = tasks.Shapes(state)
+        sample = ResourceClaim.objects.filter(cluster=cluster, state="pending").order_by("?")[:40]
+        for row in sample:
+            alone = json.loads(json.dumps(tasks.diagnosis_of(state, row)))
+            assert shapes.of(row) == alone, f"{row.name}: the shared diagnosis differs from its own"
+        print(f"shared diagnoses of {len(sample)} sampled claims equal their own ({len(shapes.done)} shapes)")
+    Path("/proc/self/clear_refs").write_text("5")  # VmHWM starts over: the updates' own peak (Linux)
     took: list[float] = []
     gpu_slices = ResourceSlice.objects.filter(cluster=cluster, device_count__gt=0, driver="gpu.nvidia.com")
     slices = list(gpu_slices.order_by("name")[:rounds])
@@ -110,6 +117,11 @@ def main(argv: list[str]) -> int:
         took.append(s)
         print(f"claim {held[i].name} back: {s:.2f} s {counts}")
     took.sort()
+    rss, updates_peak = memory_mb()
+    print(
+        f"memory: after the recompute {after_recompute:.0f} MB (its peak {recompute_peak:.0f} MB); "
+        f"peak of the updates {updates_peak:.0f} MB; after them {rss:.0f} MB"
+    )
     print(
         f"incremental update: median {statistics.median(took):.2f} s, max {took[-1]:.2f} s over {len(took)} "
         f"changes; full recompute {full:.2f} s; load {os.getloadavg()}"

@@ -62,6 +62,21 @@ def test_recompute_stores_one_timed_diagnosis_per_pending_claim(imported: None) 
     assert all(d.computed_at is not None and d.result["summary"] == d.summary for d in stored.values())
 
 
+def test_a_recompute_stores_chunk_by_chunk_and_names_the_diagnoses_it_found_out_of_date(
+    imported: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Results are decoded and written a chunk at a time (6,000 decoded results are ~180 MB at XL).
+    monkeypatch.setattr(tasks, "STORE_CHUNK", 2)
+    assert tasks.recompute_diagnoses("fixtures") == {"capacity": 1, "no-match": 1, "cel-error": 1}
+    first = {d.claim_id: d.result for d in ClaimDiagnosis.objects.all()}
+    assert len(first) == 3 and PendingCause.objects.filter(cluster__name="fixtures").count() == 3
+    ClaimDiagnosis.objects.filter(category="no-match").update(result={"category": "stale"})
+    with caplog.at_level("WARNING", logger="claims.tasks"):
+        tasks.recompute_diagnoses("fixtures")
+    assert "1 stored diagnoses of fixtures were out of date" in caplog.text
+    assert {d.claim_id: d.result for d in ClaimDiagnosis.objects.all()} == first
+
+
 def test_a_recompute_task_waits_its_turn_and_the_running_one_enqueues_the_rerun(
     imported: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
