@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from claims.devicerows import HIGH_CARDINALITY, DeviceRows, Devices
+from tests import seeds
 
 Obj = dict[str, Any]
 MODELS = ["NVIDIA B200", "NVIDIA H100 80GB HBM3", "NVIDIA H200"]
@@ -84,20 +85,11 @@ SEEDS = Path(__file__).with_name("devicerows_seeds.txt")
 NEW_SEED = int(os.environ.get("CLAIMSCOPE_ROWS_SEED") or secrets.randbits(32))
 
 
-def kept_seeds() -> list[int]:
-    return [int(line.split()[0]) for line in SEEDS.read_text().splitlines() if line.strip()[:1].isdigit()]
-
-
-@pytest.mark.parametrize("seed", [NEW_SEED, *kept_seeds()])
+@pytest.mark.parametrize("seed", [NEW_SEED, *seeds.kept(SEEDS)])
 def test_rows_kept_between_states_compute_what_a_fresh_build_computes(seed: int) -> None:
     print(f"device rows seed {seed}; reproduce with CLAIMSCOPE_ROWS_SEED={seed}")
-    try:
+    with seeds.keeping(SEEDS, seed):
         build_and_compare(seed)
-    except AssertionError:
-        if seed not in kept_seeds():
-            with SEEDS.open("a") as out:
-                out.write(f"{seed}\n")
-        raise
 
 
 def build_and_compare(seed: int) -> None:
