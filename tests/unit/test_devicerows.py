@@ -134,12 +134,10 @@ def build_and_compare(seed: int) -> None:
         # Each pool's list is its devices, and a device is found by its key in it.
         assert [i for infos in kept.by_pool.values() for i in infos] == kept.infos
         for info in rng.sample(kept.infos, min(5, len(kept.infos))):
-            own = [i.key for i in kept.by_pool[info.key[:2]]]
-            if own.count(info.key) == 1:
-                assert kept.find(info.key) is info, f"seed {seed}, step {step}"
-            else:  # a name published twice makes the pool invalid (recorded); its first device is found
-                assert info.key[:2] in {pool for pool, _ in kept.duplicates}, f"seed {seed}, step {step}"
-                assert kept.find(info.key) is kept.by_pool[info.key[:2]][own.index(info.key)]
+            same = [i for i in kept.by_pool[info.key[:2]] if i.key == info.key]
+            if len(same) > 1:  # a name published twice makes the pool invalid (recorded)
+                assert info.key[:2] in {p for p, _ in kept.duplicates}, f"seed {seed}, step {step}"
+            assert kept.find(info.key) is same[0], f"seed {seed}, step {step}"
         assert kept.find(("gpu.nvidia.com", "node-99", "gpu-0-0")) is None
         earlier.append((kept, facts(kept)))
         for devices, seen in earlier:
