@@ -423,13 +423,19 @@ def _update(cluster: str, now: str | None) -> dict[str, int]:
     except changelog.Gap:
         log.warning("update_diagnoses: change events of %s were dropped; recomputing all", cluster)
         return {**_recompute(cluster, now), "full": 1}
-    reach = live.fleet.apply(events)
-    live.position = position
-    if not reach:
-        return {"diagnosed": 0, "written": 0, "removed": 0}
-    at = _at(now)
-    with live.fleet.state() as state:
-        counts = _diagnose_changed(cluster, live, live.footprint, state, reach, at)
+    before = live.footprint
+    try:
+        reach = live.fleet.apply(events)
+        live.position = position
+        if not reach:
+            return {"diagnosed": 0, "written": 0, "removed": 0}
+        with live.fleet.state() as state:
+            counts = _diagnose_changed(cluster, live, before, state, reach, _at(now))
+    except BaseException:
+        # Events applied (some or all) but the claims they reached maybe not stored: with no footprint,
+        # the next update recomputes every claim instead of trusting what this one left.
+        live.footprint = None
+        raise
     if live.fleet.size() > FREEZE_ABOVE:
         # What the update leaves alive (the changed objects, the footprint) joins the frozen fleet. Left to
         # the collector, the first allocation after the pause walks all of it as one young generation: 15%

@@ -67,13 +67,56 @@ def test_a_recompute_stores_chunk_by_chunk_and_names_the_diagnoses_it_found_out_
 ) -> None:
     # Results are decoded and written a chunk at a time (6,000 decoded results are ~180 MB at XL).
     monkeypatch.setattr(tasks, "STORE_CHUNK", 2)
+    chunks: list[int] = []
+    store_many = tasks._store_many
+
+    def spy(results: list[Any], at: Any) -> Any:
+        chunks.append(len(results))
+        return store_many(results, at)
+
+    monkeypatch.setattr(tasks, "_store_many", spy)
     assert tasks.recompute_diagnoses("fixtures") == {"capacity": 1, "no-match": 1, "cel-error": 1}
+    assert chunks == [2, 1]
     first = {d.claim_id: d.result for d in ClaimDiagnosis.objects.all()}
     assert len(first) == 3 and PendingCause.objects.filter(cluster__name="fixtures").count() == 3
-    ClaimDiagnosis.objects.filter(category="no-match").update(result={"category": "stale"})
+    # One row out of date in each chunk (claims are stored in id order): both are counted and rewritten.
+    ids = sorted(first)
+    ClaimDiagnosis.objects.filter(claim_id__in=[ids[0], ids[2]]).update(result={"category": "stale"})
     with caplog.at_level("WARNING", logger="claims.tasks"):
         tasks.recompute_diagnoses("fixtures")
-    assert "1 stored diagnoses of fixtures were out of date" in caplog.text
+    assert "2 stored diagnoses of fixtures were out of date" in caplog.text
+    assert {d.claim_id: d.result for d in ClaimDiagnosis.objects.all()} == first
+
+
+def test_a_recompute_that_fails_in_a_later_chunk_stores_nothing_and_the_next_update_recomputes(
+    imported: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One transaction for every chunk: a page never shows half old, half new diagnoses of one fleet.
+    monkeypatch.setattr(tasks, "STORE_CHUNK", 2)
+    monkeypatch.setattr(tasks.update_diagnoses, "apply_async", lambda *a, **kw: None)
+    tasks.forget()
+    tasks.recompute_diagnoses("fixtures")
+    first = {d.claim_id: d.result for d in ClaimDiagnosis.objects.all()}
+    ClaimDiagnosis.objects.update(result={"category": "stale"})
+    stale = {d.claim_id: d.result for d in ClaimDiagnosis.objects.all()}
+    record = tasks.record_causes
+    calls: list[int] = []
+
+    def fails_on_the_second_chunk(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("connection lost")
+        return record(*args, **kwargs)
+
+    monkeypatch.setattr(tasks, "record_causes", fails_on_the_second_chunk)
+    with pytest.raises(RuntimeError, match="connection lost"):
+        tasks.recompute_diagnoses("fixtures")
+    assert {d.claim_id: d.result for d in ClaimDiagnosis.objects.all()} == stale
+    monkeypatch.setattr(tasks, "record_causes", record)
+    try:
+        assert tasks.update_diagnoses("fixtures").get("full") == 1
+    finally:
+        tasks.forget()
     assert {d.claim_id: d.result for d in ClaimDiagnosis.objects.all()} == first
 
 

@@ -28,6 +28,7 @@ from django.db import connection
 
 from claims import changelog, tasks
 from claims.diagnosis import diagnose
+from claims.diagnosis.footprint import Footprint
 from claims.fleetstate import FleetState
 from claims.models import ClaimDiagnosis
 from fleet import ingest
@@ -367,6 +368,9 @@ def run_stream(seed: int) -> None:
         counts = tasks.update_diagnoses(name)
         assert "full" not in counts, f"seed {seed} step {step}: the update fell back to a full recompute"
         expected, held = fresh(name), stored(name)
+        # What the next update compares against is this fleet's footprint, not an older one's.
+        footprint = tasks._live[name].footprint
+        assert footprint == Footprint.of(FleetState.from_db(name, lean=True)), f"seed {seed} step {step}"
         if held != expected:
             wrong = sorted(k for k in expected.keys() | held.keys() if held.get(k) != expected.get(k))
             raise AssertionError(
@@ -473,7 +477,6 @@ def test_between_updates_the_process_keeps_the_fleet_and_a_footprint_but_no_stat
     # would otherwise live until the next update and overlap the next state's at its peak.
     import weakref
 
-    from claims.diagnosis.footprint import Footprint
     from claims.livestate import LiveFleet
 
     made: list[weakref.ref[FleetState]] = []
@@ -503,4 +506,53 @@ def test_between_updates_the_process_keeps_the_fleet_and_a_footprint_but_no_stat
         gc.enable()
     live = tasks._live[name]
     assert isinstance(live.footprint, Footprint) and live.footprint.pools
+    assert stored(name) == fresh(name)
+
+
+def test_each_update_compares_against_the_fleet_the_last_update_left(quiet: None) -> None:
+    # A node changes mode and back: A100 MIG slices -> whole H100s -> A100 MIG slices. The second change
+    # reaches the pending 3-GPU claim only through what the pool published before it (whole H100s): an
+    # update that compared against the footprint of the first recompute (MIG slices only, before and
+    # after) would leave the claim diagnosed as if b1 still had four H100s.
+    name = "incr-back-and-forth"
+    fleet = new_fleet(name, random.Random(7))
+    fleet.set_node("h1", "H100", "full", 2, {})
+    fleet.set_node("b1", "A100", "static-mig", 1, {})
+    want = nvidia.claim_object("team", "want-3", [nvidia.exactly_request("r0", "gpu.nvidia.com", 3)])
+    fleet.write([{**want, "kind": "ResourceClaim"}])
+    assert tasks.update_diagnoses(name)["full"] == 1
+    summaries = []
+    for model, mode, gpus in (("H100", "full", 4), ("A100", "static-mig", 1)):
+        fleet.set_node("b1", model, mode, gpus, {})
+        counts = tasks.update_diagnoses(name)
+        assert "full" not in counts and counts["diagnosed"] == 1, (model, counts)
+        assert stored(name) == fresh(name), model
+        summaries.append(json.loads(stored(name)[("team", "want-3")])[1])
+    assert summaries[0] != summaries[1], summaries
+
+
+def test_an_update_that_fails_to_store_leaves_the_next_one_to_recompute(
+    quiet: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The failed update applied its events; what it reached is not stored. The next update has no new
+    # event, so only a full recompute can store what the fleet now says.
+    name = "incr-failed-store"
+    fleet = new_fleet(name, random.Random(9))
+    fleet.set_node("h1", "H100", "full", 2, {})
+    for _ in range(3):
+        fleet.add_pending()
+    tasks.update_diagnoses(name)
+    assert stored(name) == fresh(name)
+    real = tasks._store_texts
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("database went away")
+
+    monkeypatch.setattr(tasks, "_store_texts", broken)
+    fleet.set_node("h1", "H100", "full", 4, {})  # every pending claim's diagnosis changes
+    with pytest.raises(RuntimeError, match="database went away"):
+        tasks.update_diagnoses(name)
+    assert stored(name) != fresh(name)
+    monkeypatch.setattr(tasks, "_store_texts", real)
+    assert tasks.update_diagnoses(name).get("full") == 1
     assert stored(name) == fresh(name)

@@ -226,6 +226,34 @@ def test_explain_loads_the_fleet_lean_with_what_it_explains_whole(
     assert lean.find("ResourceClaim", meta["namespace"], meta["name"]) == allocated[0]
     others = [c for c in lean.objects["ResourceClaim"] if (c.get("status") or {}).get("allocation")]
     assert len(others) == len(allocated) and sum("spec" in c for c in others) == 1
+    # A pod is kept whole with the claims it names (allocated ones too), every other pod and allocated
+    # claim lean.
+    whole_claims = 0
+    for pod in full.objects["Pod"]:
+        namespace, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
+        lean = original(FleetState, "fixtures", lean=True, target=(namespace, name))
+        assert lean.find("Pod", namespace, name) == pod
+        named = {
+            str(s["resourceClaimName"])
+            for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []
+            if s.get("resourceClaimName")
+        }
+        for claim in named:
+            assert lean.find("ResourceClaim", namespace, claim) == full.find(
+                "ResourceClaim", namespace, claim
+            )
+        whole_claims += sum(
+            bool((c.get("status") or {}).get("allocation")) and "spec" in c
+            for c in lean.objects["ResourceClaim"]
+        )
+        assert (
+            sum(
+                p != full.find("Pod", p["metadata"]["namespace"], p["metadata"]["name"])
+                for p in lean.objects["Pod"]
+            )
+            == len(full.objects["Pod"]) - 1
+        )
+    assert whole_claims > 0
 
 
 def test_a_lean_v1beta1_slice_keeps_its_devices_attributes(db: None, tmp_path: Path) -> None:
