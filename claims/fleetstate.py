@@ -394,6 +394,10 @@ def lean_object(obj: Obj, shared: dict[Any, Any]) -> Obj:
                 for part in _DEVICE_SHARED:
                     if part in device:
                         device[part] = _share_named(device[part], shared)
+        if isinstance(spec.get("sharedCounters"), list):
+            # A model's counter sets are the same on every node (15 counters per dynamic-MIG GPU, 8 GPUs
+            # a node: ~65 MB at XL): one list, which the diagnosis context also parses once.
+            spec["sharedCounters"] = share_values(spec["sharedCounters"], shared)
         return {k: v for k, v in obj.items() if k in _LEAN_TOP}
     if kind == "Pod":
         parts = {"metadata": _META, "spec": _POD_SPEC, "status": _POD_STATUS}

@@ -74,13 +74,28 @@ class Holders:
     unreserved: list[Obj]  # those reserved for no consumer, oldest first
 
 
+@dataclass(frozen=True)
+class CountersLeft:
+    """What is left of each shared counter (driver, pool, counter set, counter): the pool's published
+    value (shared by every pool publishing an equal list) less what allocated devices consume."""
+
+    published: dict[tuple[str, str], dict[tuple[str, str], Fraction]]  # by pool: (set, counter) -> value
+    consumed: dict[tuple[str, str, str, str], Fraction]  # counters some device consumes: what is left
+
+    def get(self, ck: tuple[str, str, str, str], default: Fraction | int = 0) -> Fraction | int:
+        left = self.consumed.get(ck)
+        if left is not None:
+            return left
+        return self.published.get((ck[0], ck[1]), {}).get((ck[2], ck[3]), default)
+
+
 @dataclass
 class Context:
     """Per-state facts shared by all requests: pool problems, counter usage, device holders."""
 
     state: FleetState
     pool_problem: dict[tuple[str, str], str]
-    counter_left: dict[tuple[str, str, str, str], Fraction]
+    counter_left: CountersLeft
     used_sets: set[tuple[str, str, str]] = field(default_factory=set)
     splits: dict[tuple[DeviceKey, DeviceKey, int], tuple[list[DeviceInfo], list[DeviceInfo]]] = field(
         default_factory=dict
@@ -128,7 +143,6 @@ class Context:
         problems: dict[tuple[str, str], str] = {}
         counts: dict[tuple[str, str], tuple[int, int]] = {}  # pool -> (generation, slices seen)
         wanted: dict[tuple[str, str], int] = {}
-        counters: dict[tuple[str, str, str, str], Fraction] = {}
         for s in state.objects["ResourceSlice"]:
             spec = s.get("spec") or {}
             pool = spec.get("pool") or {}
@@ -148,36 +162,52 @@ class Context:
         for pool_key, name in state.duplicate_devices():
             if pool_key not in problems:
                 problems[pool_key] = f"pool {pool_key[0]}/{pool_key[1]} is invalid: duplicate device {name}"
-        # One parsed value per stored value: lean slices share equal values, and half a million counters
-        # at XL are a handful of distinct quantities (one Fraction each, not one per counter).
-        parsed: dict[int, tuple[Obj, Fraction]] = {}
+        # Counter sets repeat on every node of a model (a dynamic-MIG GPU's 15 counters, 8 GPUs a node:
+        # a million counters at XL) and lean slices share equal lists (fleetstate.lean_object): each
+        # distinct list is parsed once, and a pool's counters are that parse, not a copy per counter.
+        lists: dict[int, tuple[object, dict[tuple[str, str], Fraction]]] = {}
+        values: dict[int, tuple[object, Fraction]] = {}  # one Fraction per stored value (shared too)
+
+        def quantity(value: object) -> Fraction:
+            hit = values.get(id(value))
+            if hit is None:  # the value is kept in the tuple, so its id is not reused meanwhile
+                raw = value.get("value", "0") if isinstance(value, dict) else "0"
+                hit = values[id(value)] = (value, parse_quantity(str(raw)).value)
+            return hit[1]
+
+        base: dict[tuple[str, str], dict[tuple[str, str], Fraction]] = {}
         for s in state.objects["ResourceSlice"]:
             spec = s.get("spec") or {}
-            for cs in spec.get("sharedCounters") or []:
-                for cname, value in (cs.get("counters") or {}).items():
-                    ck = (
-                        spec.get("driver", ""),
-                        (spec.get("pool") or {}).get("name", ""),
-                        cs.get("name", ""),
-                        cname,
-                    )
-                    hit = parsed.get(id(value))
-                    if hit is None:  # the value is kept in the tuple, so its id is not reused meanwhile
-                        hit = parsed[id(value)] = (
-                            value,
-                            parse_quantity(str((value or {}).get("value", "0"))).value,
-                        )
-                    counters[ck] = hit[1]
+            sets = spec.get("sharedCounters")
+            if not sets:
+                continue
+            found = lists.get(id(sets))
+            if found is None:
+                parsed = {
+                    (cs.get("name", ""), cname): quantity(value)
+                    for cs in sets
+                    for cname, value in (cs.get("counters") or {}).items()
+                }
+                found = lists[id(sets)] = (sets, parsed)
+            pool_key = (spec.get("driver", ""), (spec.get("pool") or {}).get("name", ""))
+            before = base.get(pool_key)  # several slices of a pool: later ones win, as one dict would
+            base[pool_key] = found[1] if before is None else {**before, **found[1]}
         holders = state.holders()
         used: set[tuple[str, str, str]] = set()
+        consumed: dict[tuple[str, str, str, str], Fraction] = {}
         for info in state.devices():
             if info.key in holders and not info.device.get("allowMultipleAllocations"):
+                pool_counters = base.get((info.key[0], info.key[1])) or {}
                 for use in info.device.get("consumesCounters") or []:
-                    used.add((info.key[0], info.key[1], use.get("counterSet", "")))
+                    counter_set = use.get("counterSet", "")
+                    used.add((info.key[0], info.key[1], counter_set))
                     for cname, value in (use.get("counters") or {}).items():
-                        ck = (info.key[0], info.key[1], use.get("counterSet", ""), cname)
-                        if ck in counters:
-                            counters[ck] -= parse_quantity(str((value or {}).get("value", "0"))).value
+                        if (counter_set, cname) in pool_counters:
+                            ck = (info.key[0], info.key[1], counter_set, cname)
+                            consumed[ck] = consumed.get(ck, 0) + quantity(value)
+        counters = CountersLeft(
+            base, {ck: base[(ck[0], ck[1])][(ck[2], ck[3])] - n for ck, n in consumed.items()}
+        )
         ctx = cls(state, problems, counters, used)
         object.__setattr__(state, "_diagnosis_context", ctx)
         return ctx

@@ -123,6 +123,60 @@ def test_lean_slices_keep_their_devices_and_share_equal_values() -> None:
     assert slices[0]["metadata"] == {"name": "s0"}
 
 
+def test_lean_slices_share_a_models_counter_sets_and_the_context_counts_each_pool_alike() -> None:
+    # Every node of a dynamic-MIG model publishes the same counter sets (8 GPUs x 15 counters); lean
+    # slices hold one list, and what is left of a counter is still each pool's own.
+    from claims.diagnosis.groups import Context
+
+    sets = [{"name": f"gpu-{g}-counter-set", "counters": {"memory": {"value": "80Gi"}}} for g in range(2)]
+    mig = {
+        "name": "gpu-0-mig-0",
+        "attributes": {"profile": {"string": "1g.10gb"}},
+        "consumesCounters": [{"counterSet": "gpu-0-counter-set", "counters": {"memory": {"value": "10Gi"}}}],
+    }
+
+    def node(n: str) -> list[Any]:
+        spec = {"driver": "gpu.nvidia.com", "nodeName": n, "pool": {"name": n, "generation": 1}}
+        return [
+            {
+                "kind": "ResourceSlice",
+                "metadata": {"name": f"{n}-counters"},
+                "spec": {**spec, "pool": {**spec["pool"], "resourceSliceCount": 2}, "sharedCounters": sets},
+            },
+            {
+                "kind": "ResourceSlice",
+                "metadata": {"name": f"{n}-devices"},
+                "spec": {**spec, "pool": {**spec["pool"], "resourceSliceCount": 2}, "devices": [mig]},
+            },
+        ]
+
+    shared: dict[Any, Any] = {}
+    slices = [lean_object(json.loads(json.dumps(s)), shared) for n in ("n1", "n2") for s in node(n)]
+    assert slices[0]["spec"]["sharedCounters"] == sets
+    assert slices[0]["spec"]["sharedCounters"] is slices[2]["spec"]["sharedCounters"]
+    held = {
+        "kind": "ResourceClaim",
+        "metadata": {"name": "held", "namespace": "ns", "uid": "u1"},
+        "spec": {"devices": {"requests": [{"name": "r", "exactly": {"deviceClassName": "mig.nvidia.com"}}]}},
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {"request": "r", "driver": "gpu.nvidia.com", "pool": "n1", "device": "gpu-0-mig-0"}
+                    ]
+                }
+            }
+        },
+    }
+    state = FleetState.from_lists({"ResourceSlice": slices, "ResourceClaim": [held]})
+    left = Context.of(state).counter_left
+    gib = 2**30
+    assert left.get(("gpu.nvidia.com", "n1", "gpu-0-counter-set", "memory")) == 70 * gib
+    assert left.get(("gpu.nvidia.com", "n2", "gpu-0-counter-set", "memory")) == 80 * gib
+    assert left.get(("gpu.nvidia.com", "n1", "gpu-1-counter-set", "memory")) == 80 * gib
+    assert left.get(("gpu.nvidia.com", "n1", "no-such-set", "memory")) == 0
+
+
 def test_lean_pods_and_claims_share_what_their_workload_repeats() -> None:
     shared: dict[Any, Any] = {}
 
