@@ -51,16 +51,19 @@ class DeviceState:
 
     # -- state of existing allocations
 
-    def _device_lookup(self) -> dict[DeviceKey, Obj]:
+    def _devices_named(self, keys: set[DeviceKey]) -> dict[DeviceKey, Obj]:
+        """The devices ``keys`` name, each the last published under its key (as a lookup of every
+        device by key finds it), found without such a lookup: a million entries at XL, per state."""
         found: dict[DeviceKey, Obj] = {}
         for s in self.snapshot.slices:
             driver, pool = slice_key(s)
             for device in (s.get("spec") or {}).get("devices") or []:
-                found[(driver, pool, device.get("name", ""))] = device
+                key = (driver, pool, device.get("name", ""))
+                if key in keys:
+                    found[key] = device
         return found
 
     def _index_allocated(self) -> None:
-        devices: dict[DeviceKey, Obj] | None = None
         for claim in self.snapshot.allocated_claims:
             results = (
                 (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results")
@@ -81,11 +84,9 @@ class DeviceState:
                 else:
                     self.in_use.add(key)
         # An allocated device consumes its counters once, however many claims share it.
-        for key in self.in_use | self.shared:
-            if devices is None:
-                devices = self._device_lookup()
-            device = devices.get(key)
-            if device is not None:
+        allocated = self.in_use | self.shared
+        if allocated:
+            for key, device in self._devices_named(allocated).items():
                 self._consume_counters(key, device, +1)
 
     def _consume_counters(self, key: DeviceKey, device: Obj, sign: int) -> None:
