@@ -136,17 +136,21 @@ def test_lean_slices_share_a_models_counter_sets_and_the_context_counts_each_poo
     }
 
     def node(n: str) -> list[Any]:
-        spec = {"driver": "gpu.nvidia.com", "nodeName": n, "pool": {"name": n, "generation": 1}}
+        spec = {
+            "driver": "gpu.nvidia.com",
+            "nodeName": n,
+            "pool": {"name": n, "generation": 1, "resourceSliceCount": 2},
+        }
         return [
             {
                 "kind": "ResourceSlice",
                 "metadata": {"name": f"{n}-counters"},
-                "spec": {**spec, "pool": {**spec["pool"], "resourceSliceCount": 2}, "sharedCounters": sets},
+                "spec": {**spec, "sharedCounters": sets},
             },
             {
                 "kind": "ResourceSlice",
                 "metadata": {"name": f"{n}-devices"},
-                "spec": {**spec, "pool": {**spec["pool"], "resourceSliceCount": 2}, "devices": [mig]},
+                "spec": {**spec, "devices": [mig]},
             },
         ]
 
