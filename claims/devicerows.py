@@ -115,6 +115,7 @@ class PoolRows:
     high: frozenset[Ref]  # the high-cardinality set the signature keys were made for
     local_keys: list[Any]  # distinct signature keys, in order of first device
     local_index: list[int]  # per device, its key's position in local_keys
+    groups: frozenset[tuple[str, str]]  # (model, MIG profile) of its devices
     shared: bool = False  # its infos were handed to a state, and so are never changed again
 
 
@@ -208,6 +209,7 @@ def pool_rows(slices: tuple[Obj, ...], interned: dict[Any, Any], high: frozenset
         high=high,
         local_keys=list(keys),
         local_index=index,
+        groups=frozenset((i.model, i.profile) for i in infos),
     )
 
 
@@ -253,6 +255,7 @@ class Devices:
     published: list[Published]  # first occurrences in device order
     duplicates: list[tuple[PoolKey, str]]  # pools publishing a device name twice, in device order
     by_pool: dict[PoolKey, list[DeviceInfo]]  # each pool's devices, in allocator order
+    pool_groups: dict[PoolKey, frozenset[tuple[str, str]]]  # (model, MIG profile) of each pool with devices
 
     def find(self, key: DeviceKey) -> DeviceInfo | None:
         """The device ``key`` (driver, pool, name): a scan of its pool, which a fleet-wide index by key
@@ -351,7 +354,10 @@ def _merge(entries: list[tuple[PoolKey, PoolRows]], high: frozenset[Ref]) -> Dev
     merged_lists: set[int] = set()
     duplicates: list[tuple[PoolKey, str]] = []
     by_pool: dict[PoolKey, list[DeviceInfo]] = {}
+    pool_groups: dict[PoolKey, frozenset[tuple[str, str]]] = {}
     for pool, entry in entries:
+        if entry.groups:
+            pool_groups[pool] = entry.groups
         sigs = []
         for key in entry.local_keys:
             sig = ids.get(key)
@@ -380,4 +386,4 @@ def _merge(entries: list[tuple[PoolKey, PoolRows]], high: frozenset[Ref]) -> Dev
                     published.append(item)
         if entry.duplicate:
             duplicates.append((pool, entry.duplicate))
-    return Devices(infos, groups, high, published, duplicates, by_pool)
+    return Devices(infos, groups, high, published, duplicates, by_pool, pool_groups)

@@ -226,6 +226,10 @@ class FleetState:
         """The device ``key`` (driver, pool, name) of the newest generation of its pool, if published."""
         return self._rows().find(key)
 
+    def pool_groups(self) -> dict[tuple[str, str], frozenset[tuple[str, str]]]:
+        """Per (driver, pool) with devices in its newest generation: their (model, MIG profile)."""
+        return self._rows().pool_groups
+
     def signature_groups(self) -> list[list[DeviceInfo]]:
         """Devices grouped by signature, each group in allocator order."""
         return self._rows().groups

@@ -68,15 +68,9 @@ def class_groups(state: FleetState) -> dict[str, frozenset[GroupKey]]:
 
 
 def pool_groups(state: FleetState) -> dict[tuple[str, str], frozenset[GroupKey]]:
-    """Per (driver, pool) of the newest generation: the groups of its devices (cached on the state)."""
-    cached: dict[tuple[str, str], frozenset[GroupKey]] | None = state.__dict__.get("_pool_groups")
-    if cached is not None:
-        return cached
-    out: dict[tuple[str, str], set[GroupKey]] = {}
-    for info in state.devices():
-        out.setdefault((info.key[0], info.key[1]), set()).add((info.model, info.profile))
-    found = state.__dict__["_pool_groups"] = {k: frozenset(v) for k, v in out.items()}
-    return found
+    """Per (driver, pool) of the newest generation: the groups of its devices (kept with each pool's
+    device rows, so an update does not walk a million devices for them)."""
+    return state.pool_groups()
 
 
 def fleet_wide(state: FleetState) -> tuple[object, ...]:

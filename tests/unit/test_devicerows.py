@@ -78,6 +78,7 @@ def facts(devices: Devices) -> Any:
         devices.published,
         devices.duplicates,
         [(pool, [(i.key, i.sig) for i in infos]) for pool, infos in devices.by_pool.items()],
+        devices.pool_groups,
     )
 
 
@@ -139,6 +140,11 @@ def build_and_compare(seed: int) -> None:
                 assert info.key[:2] in {p for p, _ in kept.duplicates}, f"seed {seed}, step {step}"
             assert kept.find(info.key) is same[0], f"seed {seed}, step {step}"
         assert kept.find(("gpu.nvidia.com", "node-99", "gpu-0-0")) is None
+        # The groups kept per pool are those of the devices the state lists.
+        walked: dict[tuple[str, str], set[tuple[str, str]]] = {}
+        for info in kept.infos:
+            walked.setdefault(info.key[:2], set()).add((info.model, info.profile))
+        assert kept.pool_groups == {p: frozenset(g) for p, g in walked.items()}, f"seed {seed}, step {step}"
         earlier.append((kept, facts(kept)))
         for devices, seen in earlier:
             assert facts(devices) == seen, f"seed {seed}, step {step}: an earlier state's devices changed"
