@@ -556,3 +556,35 @@ def test_an_update_that_fails_to_store_leaves_the_next_one_to_recompute(
     monkeypatch.setattr(tasks, "_store_texts", real)
     assert tasks.update_diagnoses(name).get("full") == 1
     assert stored(name) == fresh(name)
+
+
+def test_an_update_whose_events_fail_half_applied_leaves_the_next_one_to_recompute(
+    quiet: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The slices are applied, then reading the claims back fails. A retry of the same events would find
+    # the slices already equal to the database and reach nothing through them: only a full recompute
+    # stores what the bigger node means for the claims already pending.
+    from claims.livestate import LiveFleet
+
+    name = "incr-half-applied"
+    fleet = new_fleet(name, random.Random(13))
+    fleet.set_node("h1", "H100", "full", 2, {})
+    for _ in range(3):
+        fleet.add_pending()
+    tasks.update_diagnoses(name)
+    assert stored(name) == fresh(name)
+    read = LiveFleet._read
+
+    def fails_on_claims(self: LiveFleet, kind: str, keys: list[Any]) -> Any:
+        if kind == "ResourceClaim":
+            raise RuntimeError("connection lost")
+        return read(self, kind, keys)
+
+    fleet.set_node("h1", "H100", "full", 4, {})
+    fleet.add_pending()
+    monkeypatch.setattr(LiveFleet, "_read", fails_on_claims)
+    with pytest.raises(RuntimeError, match="connection lost"):
+        tasks.update_diagnoses(name)
+    monkeypatch.setattr(LiveFleet, "_read", read)
+    assert tasks.update_diagnoses(name).get("full") == 1
+    assert stored(name) == fresh(name)
