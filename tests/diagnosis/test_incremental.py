@@ -531,31 +531,46 @@ def test_each_update_compares_against_the_fleet_the_last_update_left(quiet: None
     assert summaries[0] != summaries[1], summaries
 
 
-def test_an_update_that_fails_to_store_leaves_the_next_one_to_recompute(
-    quiet: None, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # The failed update applied its events; what it reached is not stored. The next update has no new
-    # event, so only a full recompute can store what the fleet now says.
-    name = "incr-failed-store"
-    fleet = new_fleet(name, random.Random(9))
+def diagnosed_fleet(name: str, seed: int) -> Fleet:
+    """Cluster ``name``: one node of 2 H100s and 3 pending claims, diagnosed by a first (full) update."""
+    fleet = new_fleet(name, random.Random(seed))
     fleet.set_node("h1", "H100", "full", 2, {})
     for _ in range(3):
         fleet.add_pending()
     tasks.update_diagnoses(name)
     assert stored(name) == fresh(name)
-    real = tasks._store_texts
+    return fleet
 
-    def broken(*args: Any, **kwargs: Any) -> Any:
-        raise RuntimeError("database went away")
 
-    monkeypatch.setattr(tasks, "_store_texts", broken)
-    fleet.set_node("h1", "H100", "full", 4, {})  # every pending claim's diagnosis changes
-    with pytest.raises(RuntimeError, match="database went away"):
+def fails_then_recomputes(
+    name: str, monkeypatch: pytest.MonkeyPatch, owner: Any, attr: str, broken: Any, change: Any
+) -> None:
+    """``change`` the fleet; an update with ``owner.attr`` replaced by ``broken`` raises and leaves the
+    stored diagnoses behind; the next update, with nothing new to apply, is a full recompute."""
+    real = getattr(owner, attr)
+    change()
+    monkeypatch.setattr(owner, attr, broken)
+    with pytest.raises(RuntimeError, match="connection lost"):
         tasks.update_diagnoses(name)
     assert stored(name) != fresh(name)
-    monkeypatch.setattr(tasks, "_store_texts", real)
+    monkeypatch.setattr(owner, attr, real)
     assert tasks.update_diagnoses(name).get("full") == 1
     assert stored(name) == fresh(name)
+
+
+def test_an_update_that_fails_to_store_leaves_the_next_one_to_recompute(
+    quiet: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The failed update applied its events; what it reached is not stored.
+    fleet = diagnosed_fleet("incr-failed-store", 9)
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("connection lost")
+
+    def change() -> None:
+        fleet.set_node("h1", "H100", "full", 4, {})  # every pending claim's diagnosis changes
+
+    fails_then_recomputes("incr-failed-store", monkeypatch, tasks, "_store_texts", broken, change)
 
 
 def test_an_update_whose_events_fail_half_applied_leaves_the_next_one_to_recompute(
@@ -566,13 +581,7 @@ def test_an_update_whose_events_fail_half_applied_leaves_the_next_one_to_recompu
     # stores what the bigger node means for the claims already pending.
     from claims.livestate import LiveFleet
 
-    name = "incr-half-applied"
-    fleet = new_fleet(name, random.Random(13))
-    fleet.set_node("h1", "H100", "full", 2, {})
-    for _ in range(3):
-        fleet.add_pending()
-    tasks.update_diagnoses(name)
-    assert stored(name) == fresh(name)
+    fleet = diagnosed_fleet("incr-half-applied", 13)
     read = LiveFleet._read
 
     def fails_on_claims(self: LiveFleet, kind: str, keys: list[Any]) -> Any:
@@ -580,11 +589,8 @@ def test_an_update_whose_events_fail_half_applied_leaves_the_next_one_to_recompu
             raise RuntimeError("connection lost")
         return read(self, kind, keys)
 
-    fleet.set_node("h1", "H100", "full", 4, {})
-    fleet.add_pending()
-    monkeypatch.setattr(LiveFleet, "_read", fails_on_claims)
-    with pytest.raises(RuntimeError, match="connection lost"):
-        tasks.update_diagnoses(name)
-    monkeypatch.setattr(LiveFleet, "_read", read)
-    assert tasks.update_diagnoses(name).get("full") == 1
-    assert stored(name) == fresh(name)
+    def change() -> None:
+        fleet.set_node("h1", "H100", "full", 4, {})
+        fleet.add_pending()
+
+    fails_then_recomputes("incr-half-applied", monkeypatch, LiveFleet, "_read", fails_on_claims, change)
