@@ -400,7 +400,7 @@ def lean_object(obj: Obj, shared: dict[Any, Any]) -> Obj:
                         device[part] = _share_named(device[part], shared)
         if isinstance(spec.get("sharedCounters"), list):
             # A model's counter sets are the same on every node (15 counters per dynamic-MIG GPU, 8 GPUs
-            # a node: ~65 MB at XL): one list, which the diagnosis context also parses once.
+            # a node: 184 MB of the loaded XL fleet): one list, which the diagnosis context also parses once.
             spec["sharedCounters"] = share_values(spec["sharedCounters"], shared)
         return {k: v for k, v in obj.items() if k in _LEAN_TOP}
     if kind == "Pod":

@@ -67,12 +67,6 @@ def class_groups(state: FleetState) -> dict[str, frozenset[GroupKey]]:
     return out
 
 
-def pool_groups(state: FleetState) -> dict[tuple[str, str], frozenset[GroupKey]]:
-    """Per (driver, pool) of the newest generation: the groups of its devices (kept with each pool's
-    device rows, so an update does not walk a million devices for them)."""
-    return state.pool_groups()
-
-
 def fleet_wide(state: FleetState) -> tuple[object, ...]:
     """What every diagnosis reads whatever its classes: pool problems (``invalid_pools``), the attribute
     names published anywhere (the lint), which attributes are high-cardinality (selector sharing), the
@@ -95,9 +89,9 @@ class Footprint:
     the next update and overlap the next state's (at XL ~200 MB more at the peak of every update)."""
 
     wide: tuple[object, ...]  # fleet_wide
-    pools: dict[tuple[str, str], frozenset[GroupKey]]  # pool_groups
+    pools: dict[tuple[str, str], frozenset[GroupKey]]  # FleetState.pool_groups
     classes: dict[str, frozenset[GroupKey]]  # class_groups
 
     @classmethod
     def of(cls, state: FleetState) -> Footprint:
-        return cls(fleet_wide(state), pool_groups(state), class_groups(state))
+        return cls(fleet_wide(state), state.pool_groups(), class_groups(state))

@@ -80,10 +80,10 @@ class CountersLeft:
     value (shared by every pool publishing an equal list) less what allocated devices consume."""
 
     published: dict[tuple[str, str], dict[tuple[str, str], Fraction]]  # by pool: (set, counter) -> value
-    consumed: dict[tuple[str, str, str, str], Fraction]  # counters some device consumes: what is left
+    left: dict[tuple[str, str, str, str], Fraction]  # of the counters some device consumes
 
     def get(self, ck: tuple[str, str, str, str], default: Fraction | int = 0) -> Fraction | int:
-        left = self.consumed.get(ck)
+        left = self.left.get(ck)
         if left is not None:
             return left
         return self.published.get((ck[0], ck[1]), {}).get((ck[2], ck[3]), default)
