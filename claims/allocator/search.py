@@ -121,9 +121,7 @@ class Allocator(DeviceState):
         # A device held exclusively (by an allocated claim or this attempt) cannot be shared either.
         if not request.admin_access and (c.key in self.in_use or c.key in self.allocating):
             return None
-        if request.admin_access and not shared and any(r[1].key == c.key for r in self.results[ci]):
-            # Admin access may reuse devices, but not a dedicated one within the same claim (upstream:
-            # allocatingDeviceForClaim, which records dedicated devices only; shares stay reusable).
+        if request.admin_access and self._dedicated_in_claim(ci, c):
             return None
         # A shared device's counters are charged by its first share only (upstream: skipCounterCheck).
         already_charged = shared and (c.key in self.shared or self.sharing.get(c.key, 0) > 0)
@@ -178,6 +176,12 @@ class Allocator(DeviceState):
 
         return undo
 
+    def _dedicated_in_claim(self, ci: int, c: Candidate) -> bool:
+        """Admin access may reuse devices, but not a dedicated one within the same claim (upstream:
+        allocatingDeviceForClaim, which records dedicated devices only; shares stay reusable)."""
+        shared = bool(c.device.get("allowMultipleAllocations")) and self.features.consumable_capacity
+        return not shared and any(r[1].key == c.key for r in self.results[ci])
+
     def allocate_one(self, ci: int, ri: int, sub: int | None, di: int, start: int) -> bool:
         if ci >= len(self.claim_data):
             return True
@@ -214,6 +218,8 @@ class Allocator(DeviceState):
                     continue
                 # "Checking for in use is cheap and thus gets done first": an allocated device's
                 # selectors are never evaluated, so a CEL error on it cannot abort scheduling.
+                if request.admin_access and self._dedicated_in_claim(ci, candidate):
+                    continue
                 if not request.admin_access and (
                     candidate.key in self.in_use or candidate.key in self.allocating
                 ):

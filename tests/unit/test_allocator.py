@@ -539,6 +539,29 @@ def test_admin_access_reuses_a_share_of_the_same_claim_but_not_a_dedicated_devic
     assert not allocate([claim(requests=two)], "node-1", dedicated).ok
 
 
+def test_admin_access_skips_a_device_of_the_same_claim_before_evaluating_its_selectors():
+    # allocator_experimental.go allocateOne: "Checking for in use is cheap and thus gets done first";
+    # for admin access that is allocatingDeviceForClaim, before isSelectable. A selector that fails
+    # at runtime on a device the claim already holds never runs there. Differential seed 1553188859
+    # case 733.
+    needs_profile = [{"cel": {"expression": f"device.attributes['{DRIVER}'].profile == 'small'"}}]
+    whole_only = [{"cel": {"expression": f"device.attributes['{DRIVER}'].kind == 'gpu'"}}]
+    two = [
+        {"name": "first", "exactly": {"deviceClassName": "example", "selectors": whole_only}},
+        {
+            "name": "admin",
+            "exactly": {"deviceClassName": "example", "adminAccess": True, "selectors": needs_profile},
+        },
+    ]
+    snap = fleet(rslice("s", [dev("whole", kind="gpu"), dev("part", kind="mig", profile="big")]))
+    result = allocate([claim(requests=two)], "node-1", snap)
+    assert (result.ok, result.kind) == (False, "unschedulable")
+    # The same selector on a device the claim does not hold still aborts scheduling.
+    alone = allocate([claim(requests=two[1:])], "node-1", snap)
+    assert alone.kind == "error"
+    assert "no such key: profile" in alone.message
+
+
 def test_a_constraint_on_an_all_request_fails_before_the_capacity_of_a_full_shared_device():
     # allocator_experimental.go allocateDevice checks constraints before the capacity
     # (CmpRequestOverCapacity): an All request whose device misses the constrained attribute aborts
