@@ -286,16 +286,20 @@ def test_explain_loads_the_fleet_lean_with_what_it_explains_whole(
     assert len(others) == len(allocated) and sum("spec" in c for c in others) == 1
     # A pod is kept whole with the claims it names (allocated ones too), every other pod and allocated
     # claim lean.
-    whole_claims = 0
+    whole_claims, spec_only = 0, False
     for pod in full.objects["Pod"]:
         namespace, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
         lean = original(FleetState, "fixtures", lean=True, target=(namespace, name))
         assert lean.find("Pod", namespace, name) == pod
-        named = {
-            str(s["resourceClaimName"])
-            for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []
-            if s.get("resourceClaimName")
-        }
+        # A claim made from a template is named in the pod's status, a claim made beforehand in its spec.
+        refs = [
+            *((pod.get("status") or {}).get("resourceClaimStatuses") or []),
+            *(pod["spec"].get("resourceClaims") or []),
+        ]
+        named = {str(r["resourceClaimName"]) for r in refs if r.get("resourceClaimName")}
+        spec_only = spec_only or any(
+            r.get("resourceClaimName") for r in pod["spec"].get("resourceClaims") or []
+        )
         for claim in named:
             assert lean.find("ResourceClaim", namespace, claim) == full.find(
                 "ResourceClaim", namespace, claim
@@ -311,7 +315,7 @@ def test_explain_loads_the_fleet_lean_with_what_it_explains_whole(
             )
             == len(full.objects["Pod"]) - 1
         )
-    assert whole_claims > 0
+    assert whole_claims > 0 and spec_only
 
 
 def test_a_lean_v1beta1_slice_keeps_its_devices_attributes(db: None, tmp_path: Path) -> None:
