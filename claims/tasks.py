@@ -24,7 +24,7 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -165,6 +165,26 @@ class Shapes:
             text = self.done[key] = json.dumps(self._diagnose(canonical))
         # Names and uids are DNS labels and UUIDs: nothing to escape in JSON.
         return text.replace(SHAPE_NAME, name).replace(SHAPE_UID, uid)
+
+
+def _texts(
+    cluster: str, shapes: Shapes, claims: Iterable[ResourceClaim]
+) -> Iterator[tuple[ResourceClaim, str]]:
+    """(claim, diagnosis text) of each of ``claims``. A claim whose diagnosis raises is logged by name and
+    left out, its stored diagnosis as it was: one claim the engine cannot diagnose must not keep every
+    other claim of the cluster from its diagnosis, nor turn each update into a recompute that fails too."""
+    for claim in claims:
+        try:
+            text = shapes.text_of(claim)
+        except Exception:
+            log.exception(
+                "diagnosis of claim %s/%s in cluster %s failed; its stored diagnosis is kept",
+                claim.namespace,
+                claim.name,
+                cluster,
+            )
+            continue
+        yield claim, text
 
 
 def _digest(text: str) -> bytes:
@@ -492,9 +512,7 @@ def _diagnose_some(
     )
     differ: list[tuple[ResourceClaim, str]] = []
     digests: dict[int, bytes] = {}
-    shapes = Shapes(state)
-    for claim in rows:
-        text = shapes.text_of(claim)
+    for claim, text in _texts(cluster, Shapes(state), rows):
         digest = digests[claim.pk] = _digest(text)
         if claim.pk in has_row and written.get(claim.pk) == digest:
             continue
@@ -570,10 +588,8 @@ def _diagnose_pending(cluster: str, state: FleetState, at: datetime, live: _Live
     if pending:
         prepare(state)
     texts = []
-    shapes = Shapes(state)
     digests: dict[int, bytes] = {}
-    for claim in pending:
-        text = shapes.text_of(claim)
+    for claim, text in _texts(cluster, Shapes(state), pending):
         digests[claim.pk] = _digest(text)
         texts.append((claim, text))
     # One transaction: a page never shows half old, half new diagnoses of one fleet state.

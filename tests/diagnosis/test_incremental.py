@@ -594,3 +594,40 @@ def test_an_update_whose_events_fail_half_applied_leaves_the_next_one_to_recompu
         fleet.add_pending()
 
     fails_then_recomputes("incr-half-applied", monkeypatch, LiveFleet, "_read", fails_on_claims, change)
+
+
+def test_a_claim_whose_diagnosis_raises_leaves_the_others_diagnosed_and_updates_incremental(
+    quiet: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A claim the engine cannot diagnose (a bug on one claim's shape) is logged by name and keeps its
+    # stored diagnosis; the other claims are stored, and the updates after it stay incremental.
+    fleet = diagnosed_fleet("incr-bad-claim", 21)
+    real = tasks.diagnose
+
+    def fails_on_marked(state: FleetState, obj: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+        if "explode" in ((obj.get("metadata") or {}).get("labels") or {}):
+            raise RuntimeError("engine bug")
+        return real(state, obj, *args, **kwargs)
+
+    monkeypatch.setattr(tasks, "diagnose", fails_on_marked)
+    bad = nvidia.claim_object("team", "want-bad", [fleet.request()], created=fleet.created())
+    bad["metadata"]["labels"] = {"explode": "yes"}
+    bad["spec"]["devices"]["requests"][0]["name"] = "r0"
+    fleet.write([{**bad, "kind": "ResourceClaim"}])
+    fleet.add_pending()
+    with caplog.at_level("ERROR", logger=tasks.log.name):
+        counts = tasks.update_diagnoses("incr-bad-claim")
+    assert "full" not in counts and counts["diagnosed"] >= 2
+    assert "diagnosis of claim team/want-bad in cluster incr-bad-claim failed" in caplog.text
+    others = {k: v for k, v in fresh("incr-bad-claim").items() if k != ("team", "want-bad")}
+    assert stored("incr-bad-claim") == others
+    fleet.set_node("h1", "H100", "full", 4, {})
+    fleet.add_pending()
+    counts = tasks.update_diagnoses("incr-bad-claim")
+    assert "full" not in counts and counts["written"] >= 1
+    now = fresh("incr-bad-claim")
+    assert len(now) == len(others) + 2
+    assert stored("incr-bad-claim") == {k: v for k, v in now.items() if k != ("team", "want-bad")}
+    # The full recompute stores the same and leaves the bad claim undiagnosed too.
+    assert tasks.recompute_diagnoses("incr-bad-claim")
+    assert ("team", "want-bad") not in stored("incr-bad-claim")
