@@ -181,6 +181,12 @@ class Context:
             sets = spec.get("sharedCounters")
             if not sets:
                 continue
+            pool = spec.get("pool") or {}
+            pool_key = (spec.get("driver", ""), pool.get("name", ""))
+            if int(pool.get("generation", 0)) != counts[pool_key][0]:
+                # An older generation's slice, left until the driver deletes it: the allocator reads
+                # the newest generation's counters only.
+                continue
             found = lists.get(id(sets))
             if found is None:
                 parsed = {
@@ -189,7 +195,6 @@ class Context:
                     for cname, value in (cs.get("counters") or {}).items()
                 }
                 found = lists[id(sets)] = (sets, parsed)
-            pool_key = (spec.get("driver", ""), (spec.get("pool") or {}).get("name", ""))
             before = base.get(pool_key)  # several slices of a pool: later ones win, as one dict would
             base[pool_key] = found[1] if before is None else {**before, **found[1]}
         holders = state.holders()

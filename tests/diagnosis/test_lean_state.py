@@ -253,6 +253,43 @@ def test_only_values_held_twice_stay_shared_for_the_changes_to_come(imported: No
     assert len(live.shared) < len(everything)
 
 
+def test_the_context_reads_the_counters_of_a_pools_newest_generation_only() -> None:
+    # While a driver republishes a pool, the older generation's slices stay until it deletes them; the
+    # allocator (GatherPools) reads the newest generation alone, and so must what is left of a counter.
+    from claims.diagnosis.groups import Context
+
+    def counters(generation: int, name: str, memory: str) -> Any:
+        return {
+            "kind": "ResourceSlice",
+            "metadata": {"name": name},
+            "spec": {
+                "driver": "gpu.nvidia.com",
+                "nodeName": "n1",
+                "pool": {"name": "n1", "generation": generation, "resourceSliceCount": 2},
+                "sharedCounters": [{"name": "cs", "counters": {"memory": {"value": memory}}}],
+            },
+        }
+
+    mig = {
+        "name": "gpu-0-mig-0",
+        "consumesCounters": [{"counterSet": "cs", "counters": {"memory": {"value": "10Gi"}}}],
+    }
+    devices = {
+        "kind": "ResourceSlice",
+        "metadata": {"name": "n1-devices"},
+        "spec": {
+            "driver": "gpu.nvidia.com",
+            "nodeName": "n1",
+            "pool": {"name": "n1", "generation": 2, "resourceSliceCount": 2},
+            "devices": [mig],
+        },
+    }
+    # The stale slice comes last in name order, where "later slices win" would pick it.
+    slices = [counters(2, "n1-counters", "80Gi"), devices, counters(1, "n1-old-counters", "20Gi")]
+    left = Context.of(FleetState.from_lists({"ResourceSlice": slices})).counter_left
+    assert left.get(("gpu.nvidia.com", "n1", "cs", "memory")) == 80 * 2**30
+
+
 def test_explain_loads_the_fleet_lean_with_what_it_explains_whole(
     imported: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
