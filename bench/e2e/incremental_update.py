@@ -50,7 +50,8 @@ def bumped(obj: dict[str, Any], kind: str) -> dict[str, Any]:
 
 
 def timed_update() -> tuple[float, dict[str, int]]:
-    """``update_diagnoses`` timed; with ``PROFILE=1`` in the environment, its top functions printed."""
+    """``update_diagnoses`` timed; with ``PROFILE=1`` in the environment, its top functions printed
+    (``PROFILE_SORT``: a pstats sort key, default ``cumulative``; ``PROFILE_TOP``: how many, default 25)."""
     profile = None
     if os.environ.get("PROFILE"):
         import cProfile
@@ -64,7 +65,9 @@ def timed_update() -> tuple[float, dict[str, int]]:
         import pstats
 
         profile.disable()
-        pstats.Stats(profile).sort_stats("cumulative").print_stats(25)
+        pstats.Stats(profile).sort_stats(os.environ.get("PROFILE_SORT", "cumulative")).print_stats(
+            int(os.environ.get("PROFILE_TOP", "25"))
+        )
     return took, counts
 
 
