@@ -35,7 +35,7 @@ import orjson
 from celery import shared_task
 from django.conf import settings
 from django.db import transaction
-from django.db.models import DateTimeField, Value
+from django.db.models import DateTimeField, Expression, JSONField, Value
 from django.utils import timezone
 
 from claims import changelog, history
@@ -196,14 +196,21 @@ def store_diagnosis(state: FleetState, claim: ResourceClaim, now: datetime | Non
     return _store(claim, diagnosis_of(state, claim), now or timezone.now())
 
 
-def _store_many(results: list[tuple[ResourceClaim, dict[str, Any]]], at: datetime) -> list[ClaimDiagnosis]:
-    """Store the diagnoses of many claims in one statement (an update of a large change writes ~1,000)."""
+def _store_many(
+    results: list[tuple[ResourceClaim, dict[str, Any]]], at: datetime, texts: list[str] | None = None
+) -> list[ClaimDiagnosis]:
+    """Store the diagnoses of many claims in one statement (an update of a large change writes ~1,000).
+    ``texts``, when given, are the results as JSON text: written as they are, not encoded again."""
     stamp = _literal_time(at)
     rows = [
         ClaimDiagnosis(
-            claim_id=c.pk, category=r["category"], summary=r["summary"], result=r, computed_at=stamp
+            claim_id=c.pk,
+            category=r["category"],
+            summary=r["summary"],
+            result=r if texts is None else JSONText(texts[i]),
+            computed_at=stamp,
         )
-        for c, r in results
+        for i, (c, r) in enumerate(results)
     ]
     # ``row.claim`` without a query, but no ``claim.diagnosis`` back: assigning ``claim=c`` caches both
     # ways, a cycle per row that only a full collection frees (each update writes ~1,800 rows under churn).
@@ -216,9 +223,36 @@ def _store_many(results: list[tuple[ResourceClaim, dict[str, Any]]], at: datetim
         unique_fields=["claim"],
         update_fields=["category", "summary", "result", "computed_at"],
     )
-    for row in rows:
+    for row, (_, result) in zip(rows, results, strict=True):
         row.computed_at = at
+        row.result = result
     return rows
+
+
+class JSONText(Expression):
+    """A JSON document given as its text, for a JSON column: written as it is. Django would encode the
+    decoded result again (json.dumps, then quoted), a tenth of an update's time at L."""
+
+    output_field = JSONField()
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+
+    def as_sql(self, compiler: Any, connection: Any) -> tuple[str, tuple[str]]:
+        return "%s", (self.text,)  # SQLite keeps JSON as text
+
+    def as_postgresql(self, compiler: Any, connection: Any) -> tuple[str, tuple[str]]:
+        return "%s::jsonb", (self.text,)
+
+
+def _decoded(text: str) -> Any:
+    """A stored result's text decoded: orjson (3x the stdlib's speed), the stdlib for what orjson refuses
+    (integers beyond 64 bits)."""
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return json.loads(text)
 
 
 def _literal_time(at: datetime) -> Value:
@@ -556,7 +590,8 @@ def _store_texts(
     ``compare``, also count the stored results that differed."""
     out = _Stored()
     for start in range(0, len(texts), STORE_CHUNK):
-        chunk = [(claim, json.loads(text)) for claim, text in texts[start : start + STORE_CHUNK]]
+        part = texts[start : start + STORE_CHUNK]
+        chunk = [(claim, _decoded(text)) for claim, text in part]
         if compare:
             held = dict(
                 ClaimDiagnosis.objects.filter(claim_id__in=[c.pk for c, _ in chunk]).values_list(
@@ -566,7 +601,7 @@ def _store_texts(
             out.drifted += sum(1 for c, r in chunk if c.pk in held and held[c.pk] != r)
         for _, result in chunk:
             out.categories[result["category"]] = out.categories.get(result["category"], 0) + 1
-        rows = _store_many(chunk, at)
+        rows = _store_many(chunk, at, [text for _, text in part])
         out.recorded.update(record_causes(cluster, rows, at, causes))
         out.written += len(rows)
     return out
