@@ -66,6 +66,44 @@ def claim_results(claim: Obj) -> list[Obj]:
     return list((alloc.get("devices") or {}).get("results") or [])
 
 
+def held_devices(claim: Obj) -> list[DeviceKey]:
+    """The devices a claim's allocation holds (adminAccess results excluded), one per result."""
+    return [
+        (str(r.get("driver", "")), str(r.get("pool", "")), str(r.get("device", "")))
+        for r in claim_results(claim)
+        if not r.get("adminAccess")
+    ]
+
+
+def claims_named(pod: Obj) -> set[tuple[str, str]]:
+    """(namespace, name) of the claims a pod names: in its status (a claim made from a template) or in
+    its spec (a claim made beforehand)."""
+    ns = str((pod.get("metadata") or {}).get("namespace") or "")
+    names = {
+        st.get("resourceClaimName") for st in (pod.get("status") or {}).get("resourceClaimStatuses") or []
+    }
+    names |= {rc.get("resourceClaimName") for rc in (pod.get("spec") or {}).get("resourceClaims") or []}
+    return {(ns, str(n)) for n in names if n}
+
+
+def pods_by_claim(pods: Iterable[Obj]) -> dict[tuple[str, str], list[Obj]]:
+    """Pods by the claims they name, each list in the order of ``pods``."""
+    index: dict[tuple[str, str], list[Obj]] = {}
+    for pod in pods:
+        for key in claims_named(pod):
+            index.setdefault(key, []).append(pod)
+    return index
+
+
+def holders_by_device(claims: Iterable[Obj]) -> dict[DeviceKey, list[Obj]]:
+    """Claims by the devices they hold (see :func:`held_devices`), each list in the order of ``claims``."""
+    found: dict[DeviceKey, list[Obj]] = {}
+    for claim in claims:
+        for key in held_devices(claim):
+            found.setdefault(key, []).append(claim)
+    return found
+
+
 @dataclass
 class FleetState:
     """Raw objects by kind plus lookups. Immutable by convention once built; build a new one per change."""
@@ -95,11 +133,19 @@ class FleetState:
 
     @classmethod
     def from_lists(
-        cls, lists: dict[str, list[Obj]], cluster: str = "", rows: DeviceRows | None = None
+        cls,
+        lists: dict[str, list[Obj]],
+        cluster: str = "",
+        rows: DeviceRows | None = None,
+        links: tuple[dict[tuple[str, str], list[Obj]], dict[DeviceKey, list[Obj]]] | None = None,
     ) -> FleetState:
         """A state of v1 objects by kind (the lists are taken, not copied); ``rows``: per-pool rows to
-        reuse (see ``claims.devicerows``)."""
+        reuse (see ``claims.devicerows``); ``links``: the pods by claim and the holders by device of these
+        lists, kept up to date elsewhere (``claims.livestate``), instead of built here from every pod and
+        claim. Neither the dicts nor their lists may change while the state is in use."""
         state = cls(cluster=cluster, rows=rows)
+        if links is not None:
+            state._pods_by_claim, state._holders = links
         state.objects.update(lists)
         # The scheduler sees slices with the DeviceTaintRules' taints added (fleet.taint_rules), so do we.
         state.objects["ResourceSlice"] = patch_slices(
@@ -237,14 +283,7 @@ class FleetState:
     def holders(self) -> dict[DeviceKey, list[Obj]]:
         """Claims whose allocation names each device (adminAccess results excluded)."""
         if self._holders is None:
-            found: dict[DeviceKey, list[Obj]] = {}
-            for claim in self.objects["ResourceClaim"]:
-                for r in claim_results(claim):
-                    if r.get("adminAccess"):
-                        continue
-                    key = (str(r.get("driver", "")), str(r.get("pool", "")), str(r.get("device", "")))
-                    found.setdefault(key, []).append(claim)
-            self._holders = found
+            self._holders = holders_by_device(self.objects["ResourceClaim"])
         return self._holders
 
     def pods_of_claim(self, claim: Obj) -> list[Obj]:
@@ -256,19 +295,7 @@ class FleetState:
         # Built once per state: diagnosing every pending claim scanned all pods per claim (38,000 pods x
         # 2,000+ claims on the L fleet: a third of the debounced task's time, bench/README.md "bench_e2e").
         if self._pods_by_claim is None:
-            index: dict[tuple[str, str], list[Obj]] = {}
-            for pod in self.objects["Pod"]:
-                ns = (pod.get("metadata") or {}).get("namespace", "")
-                names = {
-                    st.get("resourceClaimName")
-                    for st in (pod.get("status") or {}).get("resourceClaimStatuses") or []
-                }
-                names |= {
-                    rc.get("resourceClaimName") for rc in (pod.get("spec") or {}).get("resourceClaims") or []
-                }
-                for name in names:
-                    index.setdefault((ns, name), []).append(pod)
-            self._pods_by_claim = index
+            self._pods_by_claim = pods_by_claim(self.objects["Pod"])
         return self._pods_by_claim
 
     def events_for(self, kind: str, namespace: str, name: str) -> list[Obj]:

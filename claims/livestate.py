@@ -14,6 +14,7 @@ sure which events it saw reloads, or replays a few too many.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,10 +23,15 @@ from claims.devicerows import DeviceRows
 from claims.diagnosis.footprint import Footprint, GroupKey, class_names
 from claims.fleetstate import (
     KINDS,
+    DeviceKey,
     FleetState,
     Obj,
     _stored,
     claim_results,
+    claims_named,
+    held_devices,
+    holders_by_device,
+    pods_by_claim,
     shared_more_than_once,
     stored_models,
 )
@@ -73,13 +79,28 @@ def _slice_pool(obj: Obj | None) -> set[tuple[str, str]]:
 
 
 def _pod_claims(pod: Obj | None) -> set[Key]:
-    if not pod:
-        return set()
-    ns = str((pod.get("metadata") or {}).get("namespace", ""))
-    statuses = (pod.get("status") or {}).get("resourceClaimStatuses") or []
-    names = {st.get("resourceClaimName") for st in statuses}
-    names |= {rc.get("resourceClaimName") for rc in (pod.get("spec") or {}).get("resourceClaims") or []}
-    return {(ns, str(n)) for n in names if n}
+    return claims_named(pod) if pod else set()
+
+
+def _order(obj: Obj) -> Key:
+    """Where an object stands in its kind's list (FleetState.from_db's order: name, then namespace)."""
+    meta = obj.get("metadata") or {}
+    return str(meta.get("name") or ""), str(meta.get("namespace") or "")
+
+
+def _unlink(index: dict[Any, list[Obj]], key: Any, obj: Obj) -> None:
+    # A new list, not the old one changed: a state made before keeps the lists it was given.
+    kept = [o for o in index.get(key, ()) if o is not obj]
+    if kept:
+        index[key] = kept
+    else:
+        index.pop(key, None)
+
+
+def _link(index: dict[Any, list[Obj]], key: Any, obj: Obj) -> None:
+    held = list(index.get(key, ()))
+    held.insert(bisect.bisect_right(held, _order(obj), key=_order), obj)
+    index[key] = held
 
 
 @dataclass
@@ -93,6 +114,10 @@ class LiveFleet:
     rows: DeviceRows = field(default_factory=DeviceRows, repr=False)
     # Each kind's objects in FleetState.from_db's order, until the kind changes.
     _ordered: dict[str, list[Obj]] = field(default_factory=dict, repr=False)
+    # Pods by the claims they name, claims by the devices they hold: what a state would build by walking
+    # every pod and claim on each update (0.2 s each at L), kept up to date object by object instead.
+    pods_by_claim: dict[Key, list[Obj]] = field(default_factory=dict, repr=False)
+    holders: dict[DeviceKey, list[Obj]] = field(default_factory=dict, repr=False)
 
     @classmethod
     def load(cls, cluster: str) -> LiveFleet:
@@ -118,6 +143,33 @@ class LiveFleet:
         rows = _models()[kind].objects.filter(cluster_id=self.cluster_id)
         self.objects[kind] = {key_of(o): o for o in _stored(kind, rows, self.shared)}
         self._ordered.pop(kind, None)
+        if kind == "Pod":
+            self.pods_by_claim = pods_by_claim(self._ordered_list(kind))
+        elif kind == "ResourceClaim":
+            self.holders = holders_by_device(self._ordered_list(kind))
+
+    def _ordered_list(self, kind: str) -> list[Obj]:
+        ordered = self._ordered.get(kind)
+        if ordered is None:
+            table = self.objects[kind]
+            ordered = self._ordered[kind] = [table[k] for k in sorted(table, key=lambda k: (k[1], k[0]))]
+        return ordered
+
+    def _relink(self, kind: str, old: Obj | None, new: Obj | None) -> None:
+        """Move one pod's or claim's entries in the indexes from ``old`` to ``new`` (either may be None)."""
+        if kind == "Pod":
+            index: dict[Any, list[Obj]] = self.pods_by_claim
+            keys_of: Any = claims_named
+        elif kind == "ResourceClaim":
+            index, keys_of = self.holders, held_devices
+        else:
+            return
+        if old is not None:
+            for key in set(keys_of(old)):
+                _unlink(index, key, old)
+        if new is not None:
+            for key in keys_of(new):  # a claim holding two shares of a device is listed twice
+                _link(index, key, new)
 
     def _read(self, kind: str, keys: list[Key]) -> dict[Key, Obj]:
         model = _models()[kind]
@@ -138,14 +190,10 @@ class LiveFleet:
     def state(self) -> FleetState:
         """A FleetState of the current objects, each kind in the order ``FleetState.from_db`` lists it,
         reusing the per-pool device rows of the previous states."""
-        lists: dict[str, list[Obj]] = {}
-        for kind in READ:
-            ordered = self._ordered.get(kind)
-            if ordered is None:
-                table = self.objects[kind]
-                ordered = self._ordered[kind] = [table[k] for k in sorted(table, key=lambda k: (k[1], k[0]))]
-            lists[kind] = list(ordered)
-        return FleetState.from_lists(lists, cluster=self.cluster, rows=self.rows)
+        lists = {kind: list(self._ordered_list(kind)) for kind in READ}
+        # Copies of the dicts (the lists in them are replaced, never changed: see _link).
+        links = (dict(self.pods_by_claim), dict(self.holders))
+        return FleetState.from_lists(lists, cluster=self.cluster, rows=self.rows, links=links)
 
     def apply(self, events: Iterable[dict[str, Any]]) -> Reach:
         """Bring the objects up to date with ``events`` (this cluster's ``fleet.change`` events, in commit
@@ -176,6 +224,7 @@ class LiveFleet:
                     table.pop(key, None)
                 else:
                     table[key] = new
+                self._relink(kind, old, new)
                 if old == new:
                     continue
                 if kind in ("DeviceClass", "Node", "DeviceTaintRule"):  # a rule may taint any pool

@@ -347,6 +347,22 @@ def new_fleet(name: str, rng: random.Random) -> Fleet:
     return fleet
 
 
+def assert_links_current(live: Any, loaded: FleetState, where: str) -> None:
+    """The live fleet's pods by claim and holders by device are those of a fleet loaded now, in the same
+    order, and hold the live fleet's current objects."""
+    from claims.fleetstate import holders_by_device, pods_by_claim
+    from claims.livestate import key_of
+
+    for kind, live_index, fresh_index in (
+        ("Pod", live.pods_by_claim, pods_by_claim(loaded.objects["Pod"])),
+        ("ResourceClaim", live.holders, holders_by_device(loaded.objects["ResourceClaim"])),
+    ):
+        keys = {k: [key_of(o) for o in v] for k, v in live_index.items()}
+        assert keys == {k: [key_of(o) for o in v] for k, v in fresh_index.items()}, f"{where}: {kind}"
+        table = live.objects[kind]
+        assert all(o is table[key_of(o)] for v in live_index.values() for o in v), f"{where}: {kind}"
+
+
 def run_stream(seed: int) -> None:
     rng = random.Random(seed)
     name = f"incr-{seed % 1_000_000}"
@@ -370,7 +386,9 @@ def run_stream(seed: int) -> None:
         expected, held = fresh(name), stored(name)
         # What the next update compares against is this fleet's footprint, not an older one's.
         footprint = tasks._live[name].footprint
-        assert footprint == Footprint.of(FleetState.from_db(name, lean=True)), f"seed {seed} step {step}"
+        loaded = FleetState.from_db(name, lean=True)
+        assert footprint == Footprint.of(loaded), f"seed {seed} step {step}"
+        assert_links_current(tasks._live[name].fleet, loaded, f"seed {seed} step {step}")
         if held != expected:
             wrong = sorted(k for k in expected.keys() | held.keys() if held.get(k) != expected.get(k))
             raise AssertionError(
@@ -631,3 +649,63 @@ def test_a_claim_whose_diagnosis_raises_leaves_the_others_diagnosed_and_updates_
     # The full recompute stores the same and leaves the bad claim undiagnosed too.
     assert tasks.recompute_diagnoses("incr-bad-claim")
     assert ("team", "want-bad") not in stored("incr-bad-claim")
+
+
+def test_the_live_links_keep_the_list_order_and_leave_earlier_states_alone() -> None:
+    # Which pod of a claim comes first is what the diagnosis reads (its node selector, the scheduler's
+    # message): a changed pod keeps its place in name order, as in a fleet loaded afresh.
+    from claims.fleetstate import holders_by_device, pods_by_claim
+    from claims.livestate import LiveFleet, key_of
+
+    def pod(name: str, label: str) -> dict[str, Any]:
+        return {
+            "kind": "Pod",
+            "metadata": {"namespace": "team", "name": name, "labels": {"v": label}},
+            "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimName": "c"}]},
+        }
+
+    def claim(name: str, label: str) -> dict[str, Any]:
+        results = [
+            {"request": "r", "driver": "gpu.nvidia.com", "pool": "n1", "device": "gpu-0", "shareID": name}
+        ]
+        return {
+            "kind": "ResourceClaim",
+            "metadata": {"namespace": "team", "name": name, "labels": {"v": label}},
+            "status": {"allocation": {"devices": {"results": results}}},
+        }
+
+    live = LiveFleet("c", 1)
+    for kind, objs in (
+        ("Pod", [pod("p-a", "1"), pod("p-b", "1")]),
+        ("ResourceClaim", [claim("c-a", "1"), claim("c-b", "1")]),
+    ):
+        live.objects[kind] = {key_of(o): o for o in objs}
+    live.pods_by_claim = pods_by_claim(live.objects["Pod"].values())
+    live.holders = holders_by_device(live.objects["ResourceClaim"].values())
+    before = live.state()
+    first_pod, first_claim = (
+        before.pods_of_claim(claim("c", "")),
+        before.holders()[("gpu.nvidia.com", "n1", "gpu-0")],
+    )
+    for kind, new in (
+        ("Pod", pod("p-c", "3")),  # a new pod: added, nothing removed
+        ("Pod", pod("p-a", "2")),
+        ("ResourceClaim", claim("c-a", "2")),
+    ):
+        old = live.objects[kind].get(key_of(new))
+        live.objects[kind][key_of(new)] = new
+        live._ordered.pop(kind, None)
+        live._relink(kind, old, new)
+    after = live.state()
+    assert [p["metadata"]["labels"]["v"] for p in after.pods_of_claim(claim("c", ""))] == ["2", "1", "3"]
+    held = after.holders()[("gpu.nvidia.com", "n1", "gpu-0")]
+    assert [(c["metadata"]["name"], c["metadata"]["labels"]["v"]) for c in held] == [
+        ("c-a", "2"),
+        ("c-b", "1"),
+    ]
+    # The state made before the change still reads what it was made from.
+    assert (
+        before.pods_of_claim(claim("c", "")) == first_pod and first_pod[0]["metadata"]["labels"]["v"] == "1"
+    )
+    assert before.holders()[("gpu.nvidia.com", "n1", "gpu-0")] is first_claim
+    assert first_claim[0]["metadata"]["labels"]["v"] == "1"
