@@ -25,6 +25,13 @@ from claims.allocator.snapshot import (
 from fleet.quantity import QuantityError
 
 
+class ResultsFull(Exception):
+    """Upstream's errAllocationResultMaxSizeExceeded: the rest of a request cannot fit in the claim's
+    MAX_RESULTS results. No other choice of devices before it can help, so it unwinds (undoing what it
+    passes) to the nearest firstAvailable request, which tries its next alternative, before any other
+    device's selectors are evaluated (one could fail at runtime where upstream never looks)."""
+
+
 class Allocator(DeviceState):
     """One attempt: the claims' requests and constraints, the search, and the allocation results."""
 
@@ -187,24 +194,44 @@ class Allocator(DeviceState):
             return True
         data = self.claim_data[ci]
         if ri >= len(data.requests):
-            return self.allocate_one(ci + 1, 0, None, 0, 0)
+            try:
+                return self.allocate_one(ci + 1, 0, None, 0, 0)
+            except ResultsFull:
+                return False  # another claim's limit: this claim may still fit otherwise
         subs = data.requests[ri]
         if sub is None:
-            return any(self.allocate_one(ci, ri, index, 0, 0) for index in range(len(subs)))
+            if subs[0].name == subs[0].parent:  # an exact request: no alternative to fall back on
+                return self.allocate_one(ci, ri, 0, 0, 0)
+            every_full = True
+            for index in range(len(subs)):
+                try:
+                    if self.allocate_one(ci, ri, index, 0, 0):
+                        return True
+                except ResultsFull:
+                    continue  # the next alternative may want fewer devices
+                every_full = False
+            if every_full:
+                raise ResultsFull  # no choice before this request can help either
+            return False
         request = subs[sub]
         wanted = len(request.all_devices) if request.all_mode else request.count
         if request.all_mode and not request.all_devices:
             return False  # "at least one device is required"
         if di >= wanted:
             return self.allocate_one(ci, ri + 1, None, 0, 0)
-        if len(self.results[ci]) >= MAX_RESULTS:
-            return False
+        if wanted - di > MAX_RESULTS - len(self.results[ci]):
+            raise ResultsFull
         claim_name = klog(data.claim)
         if request.all_mode:
             undo = self.allocate_device(ci, request, request.all_devices[di], True)
             if undo is None:
                 return False
-            if self.allocate_one(ci, ri, sub, di + 1, 0):
+            try:
+                done = self.allocate_one(ci, ri, sub, di + 1, 0)
+            except ResultsFull:
+                undo()
+                raise
+            if done:
                 return True
             undo()
             return False
@@ -229,7 +256,12 @@ class Allocator(DeviceState):
                 undo = self.allocate_device(ci, request, candidate, False)
                 if undo is None:
                     continue
-                if self.allocate_one(ci, ri, sub, di + 1, position):
+                try:
+                    done = self.allocate_one(ci, ri, sub, di + 1, position)
+                except ResultsFull:
+                    undo()
+                    raise
+                if done:
                     return True
                 undo()
         return False
@@ -290,6 +322,10 @@ def allocate(
             return AllocationResult(ok=True, allocations=allocator.allocations())
     except Fatal as exc:
         return AllocationResult(ok=False, kind="error", message=str(exc))
+    except ResultsFull:
+        # Upstream returns errAllocationResultMaxSizeExceeded from Allocate as it is (the claim limit
+        # check before allocating makes this unreachable there too).
+        return AllocationResult(ok=False, kind="error", message="allocation max size exceeded")
     except (QuantityError, ValueError) as exc:
         return AllocationResult(ok=False, kind="error", message=f"gather pool information: {exc}")
     if any(pool.invalid for pool in allocator.pools):

@@ -562,6 +562,61 @@ def test_admin_access_skips_a_device_of_the_same_claim_before_evaluating_its_sel
     assert "no such key: profile" in alone.message
 
 
+def _big_or_small(count: int) -> dict:
+    gpu = [{"cel": {"expression": f"device.attributes['{DRIVER}'].kind == 'gpu'"}}]
+    return {
+        "name": "a",
+        "firstAvailable": [
+            {"name": "big", "deviceClassName": "example", "count": count, "selectors": gpu},
+            {"name": "small", "deviceClassName": "example", "count": 1, "selectors": gpu},
+        ],
+    }
+
+
+def test_a_request_past_the_claim_limit_falls_back_before_any_other_device_is_tried():
+    # allocator_experimental.go allocateOne: a request whose remaining devices exceed the claim's 32
+    # results returns errAllocationResultMaxSizeExceeded, which unwinds to the firstAvailable loop: the
+    # next alternative is tried before another device of the first one, so d33's selector (no profile
+    # attribute: a CEL runtime error) never runs. Upstream fits with a/small; checked against the
+    # experimental allocator of k8s.io/dynamic-resource-allocation v0.37.2.
+    devices = [dev(f"d{i:02}", kind="gpu", profile="x") for i in range(33)] + [dev("d33", kind="gpu")]
+    wanted = [
+        _big_or_small(31),
+        {
+            "name": "b",
+            "exactly": {
+                "deviceClassName": "example",
+                "count": 2,
+                "selectors": [{"cel": {"expression": f"device.attributes['{DRIVER}'].profile == 'x'"}}],
+            },
+        },
+    ]
+    result = allocate([claim(requests=wanted)], "node-1", fleet(rslice("s", devices)))
+    assert result.ok, result.message
+    got = result.allocations["ns/c"]["devices"]["results"]
+    assert [(r["request"], r["device"]) for r in got] == [("a/small", "d00"), ("b", "d01"), ("b", "d02")]
+
+
+def test_an_all_request_past_the_claim_limit_falls_back_before_its_constraint_is_checked():
+    # The same unwinding before an All request's devices are taken (must=True there: a constraint that
+    # fails on one of them is an error). Upstream fits with a/small.
+    devices = [dev(f"g{i:02}", kind="gpu", model="m1") for i in range(31)] + [
+        dev(f"m{i}", kind="mig", model="m2") for i in range(2)
+    ]
+    mig = [{"cel": {"expression": f"device.attributes['{DRIVER}'].kind == 'mig'"}}]
+    wanted = [
+        _big_or_small(31),
+        {"name": "b", "exactly": {"deviceClassName": "example", "allocationMode": "All", "selectors": mig}},
+    ]
+    constraints = [{"matchAttribute": f"{DRIVER}/model", "requests": ["a/big", "b"]}]
+    result = allocate(
+        [claim(requests=wanted, constraints=constraints)], "node-1", fleet(rslice("s", devices))
+    )
+    assert result.ok, result.message
+    got = result.allocations["ns/c"]["devices"]["results"]
+    assert [(r["request"], r["device"]) for r in got] == [("a/small", "g00"), ("b", "m0"), ("b", "m1")]
+
+
 def test_a_constraint_on_an_all_request_fails_before_the_capacity_of_a_full_shared_device():
     # allocator_experimental.go allocateDevice checks constraints before the capacity
     # (CmpRequestOverCapacity): an All request whose device misses the constrained attribute aborts
