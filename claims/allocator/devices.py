@@ -9,9 +9,9 @@ from collections.abc import Iterable
 from fractions import Fraction
 
 from claims.allocator.nodes import tolerates
-from claims.allocator.pools import Pool, device_on_node, gather_pools, qty
+from claims.allocator.pools import Pool, device_on_node, gather_pools, generation, qty
 from claims.allocator.requests import Candidate, ClaimData, Request, policy_amount
-from claims.allocator.snapshot import Baseline, DeviceKey, Fatal, Features, FleetSnapshot, Obj, slice_key
+from claims.allocator.snapshot import Baseline, DeviceKey, Fatal, Features, FleetSnapshot, Obj, slice_index
 from claims.cel import CelRuntimeError
 
 
@@ -52,21 +52,27 @@ class DeviceState:
     # -- state of existing allocations
 
     def _devices_named(self, keys: set[DeviceKey]) -> dict[DeviceKey, Obj]:
-        """The devices ``keys`` name, each the last published under its key (as a lookup of every
-        device by key finds it), found without such a lookup: a million entries at XL, per state."""
+        """The devices ``keys`` name in the newest generation of their pool, each the last published
+        under its key, found without a lookup of every device by key (a million entries at XL, per
+        state). Upstream charges an allocated device's counters as its pool's current slices publish it
+        (allocator_experimental.go, available counters); a slice of an older generation, left until the
+        driver deletes it, does not count. Upstream takes the generation each node sees, this the newest
+        anywhere: they differ only while a pool moving between nodes is still complete on the old one."""
         names: dict[tuple[str, str], set[str]] = {}
         for driver, pool, name in keys:
             names.setdefault((driver, pool), set()).add(name)
+        by_pool = slice_index(self.snapshot).by_pool
         found: dict[DeviceKey, Obj] = {}
-        for s in self.snapshot.slices:
-            driver, pool = slice_key(s)
-            wanted = names.get((driver, pool))
-            if not wanted:
-                continue
-            for device in (s.get("spec") or {}).get("devices") or []:
-                name = device.get("name", "")
-                if name in wanted:
-                    found[(driver, pool, name)] = device
+        for (driver, pool), wanted in names.items():
+            slices = by_pool.get((driver, pool)) or []
+            newest = max((generation(s) for s in slices), default=0)
+            for s in slices:
+                if generation(s) != newest:
+                    continue
+                for device in (s.get("spec") or {}).get("devices") or []:
+                    name = device.get("name", "")
+                    if name in wanted:
+                        found[(driver, pool, name)] = device
         return found
 
     def _index_allocated(self) -> None:

@@ -28,7 +28,8 @@ class Pool:
         return f"{self.driver}/{self.name}"
 
 
-def _generation(s: Obj) -> int:
+def generation(s: Obj) -> int:
+    """A slice's pool generation."""
     return int(((s.get("spec") or {}).get("pool") or {}).get("generation", 0))
 
 
@@ -56,13 +57,13 @@ def gather_pools(node: Obj, snapshot: FleetSnapshot, features: Features) -> list
         if not relevant:
             continue
         current = by_pool.get(slice_key(s))
-        if current is None or _generation(s) > _generation(current[0]):
+        if current is None or generation(s) > generation(current[0]):
             by_pool[slice_key(s)] = [s]
-        elif _generation(s) == _generation(current[0]):
+        elif generation(s) == generation(current[0]):
             current.append(s)
     pools: list[Pool] = []
     for (driver, pool_name), slices in by_pool.items():
-        generation = _generation(slices[0])
+        newest = generation(slices[0])
         count = int(((slices[0].get("spec") or {}).get("pool") or {}).get("resourceSliceCount", 1))
         if len(slices) == count:
             # Complete from this node's view: upstream uses it as is, without looking for a newer
@@ -71,9 +72,9 @@ def gather_pools(node: Obj, snapshot: FleetSnapshot, features: Features) -> list
             pools.append(_build_pool(driver, pool_name, slices, slices, features))
             continue
         all_for_pool = index.by_pool.get((driver, pool_name), [])
-        if any(_generation(s) > generation for s in all_for_pool):
+        if any(generation(s) > newest for s in all_for_pool):
             continue  # obsolete: a newer generation exists elsewhere
-        at_generation = [s for s in all_for_pool if _generation(s) == generation]
+        at_generation = [s for s in all_for_pool if generation(s) == newest]
         if len(at_generation) != count:
             pools.append(Pool(driver, pool_name, incomplete=True))
             continue

@@ -640,6 +640,35 @@ def test_a_constraint_on_an_all_request_fails_before_the_capacity_of_a_full_shar
     assert picked(roomy) == ["a"]
 
 
+def test_an_allocated_device_of_an_older_pool_generation_consumes_no_counters():
+    # allocator_experimental.go charges an allocated device's counters as the pool's current slices
+    # publish it. Generation 1 (mig-a, 40Gi, held) is left over while generation 2 publishes mig-b, which
+    # takes all 80Gi: upstream allocates mig-b (checked against the experimental allocator of v0.37.2).
+    def counters(name: str, generation: int) -> dict:
+        return rslice(
+            name,
+            None,
+            generation=generation,
+            count=2,
+            sharedCounters=[{"name": "cs", "counters": {"memory": {"value": "80Gi"}}}],
+        )
+
+    def mig(name: str, memory: str) -> dict:
+        return {
+            **dev(name, kind="mig"),
+            "consumesCounters": [{"counterSet": "cs", "counters": {"memory": {"value": memory}}}],
+        }
+
+    slices = [
+        counters("a-counters", 1),
+        rslice("a-devices", [mig("mig-a", "40Gi")], generation=1, count=2),
+        counters("b-counters", 2),
+        rslice("b-devices", [mig("mig-b", "80Gi")], generation=2, count=2),
+    ]
+    result = allocate([claim()], "node-1", fleet(*slices, allocated("holder", "mig-a")))
+    assert picked(result) == ["mig-b"]
+
+
 def test_admin_access_consumes_counters_like_any_allocation():
     counters = rslice(
         "counters", None, count=2, sharedCounters=[{"name": "cs", "counters": {"mem": {"value": "4"}}}]
