@@ -133,14 +133,16 @@ class Shapes:
     def __init__(self, state: FleetState) -> None:
         self.state = state
         self.done: dict[bytes, str] = {}
+        self.failed: dict[bytes, str] = {}  # shapes whose diagnosis raised: the error
         self.diagnosed = 0
 
     def _diagnose(self, raw: dict[str, Any]) -> dict[str, Any]:
         # A few shapes read a few device groups, lazily; past PREPARE_ABOVE diagnoses the per-fleet
-        # indexes are built at once (claims.diagnosis.prepare), as the full recompute does.
-        self.diagnosed += 1
-        if self.diagnosed == PREPARE_ABOVE:
+        # indexes are built at once (claims.diagnosis.prepare), as the full recompute does. Counted
+        # after: should it raise, the next diagnosis tries again.
+        if self.diagnosed + 1 == PREPARE_ABOVE:
             prepare(self.state)
+        self.diagnosed += 1
         return diagnose(self.state, raw).as_dict()
 
     def of(self, claim: ResourceClaim) -> dict[str, Any]:
@@ -159,32 +161,58 @@ class Shapes:
             return json.dumps(self._diagnose(raw))
         text = self.done.get(key)
         if text is None:
+            if key in self.failed:
+                raise ShapeFailed(self.failed[key])
             canonical = {**raw, "metadata": {**meta, "name": SHAPE_NAME, "uid": SHAPE_UID if uid else ""}}
             if not uid:
                 del canonical["metadata"]["uid"]
-            text = self.done[key] = json.dumps(self._diagnose(canonical))
+            try:
+                text = self.done[key] = json.dumps(self._diagnose(canonical))
+            except Exception as exc:
+                self.failed[key] = f"{type(exc).__name__}: {exc}"
+                raise
         # Names and uids are DNS labels and UUIDs: nothing to escape in JSON.
         return text.replace(SHAPE_NAME, name).replace(SHAPE_UID, uid)
 
 
+class ShapeFailed(Exception):
+    """The diagnosis of a claim of the same shape raised earlier (logged then with its traceback)."""
+
+
+class DiagnosisFailed(Exception):
+    """Every claim's diagnosis raised: the fault is the fleet's or the engine's, not one claim's."""
+
+
 def _texts(
     cluster: str, shapes: Shapes, claims: Iterable[ResourceClaim]
-) -> Iterator[tuple[ResourceClaim, str]]:
-    """(claim, diagnosis text) of each of ``claims``. A claim whose diagnosis raises is logged by name and
-    left out, its stored diagnosis as it was: one claim the engine cannot diagnose must not keep every
-    other claim of the cluster from its diagnosis, nor turn each update into a recompute that fails too."""
+) -> tuple[list[tuple[ResourceClaim, str]], list[ResourceClaim]]:
+    """(claim, diagnosis text) of each of ``claims``, and the claims whose diagnosis raised, each logged by
+    name (the caller drops their stored diagnoses: the others are of this fleet state). One claim the
+    engine cannot diagnose must not keep every other claim of the cluster from its diagnosis, nor turn
+    each update into a recompute that fails too. Raises DiagnosisFailed when two or more claims were
+    diagnosed and all failed."""
+    texts: list[tuple[ResourceClaim, str]] = []
+    failed: list[ResourceClaim] = []
     for claim in claims:
         try:
-            text = shapes.text_of(claim)
-        except Exception:
-            log.exception(
-                "diagnosis of claim %s/%s in cluster %s failed; its stored diagnosis is kept",
+            texts.append((claim, shapes.text_of(claim)))
+        except ShapeFailed as exc:
+            failed.append(claim)
+            log.error(
+                "diagnosis of claim %s/%s in cluster %s failed as for an earlier claim of its shape: %s",
                 claim.namespace,
                 claim.name,
                 cluster,
+                exc,
             )
-            continue
-        yield claim, text
+        except Exception:
+            failed.append(claim)
+            log.exception(
+                "diagnosis of claim %s/%s in cluster %s failed", claim.namespace, claim.name, cluster
+            )
+    if len(failed) > 1 and not texts:
+        raise DiagnosisFailed(f"the diagnoses of all {len(failed)} claims of cluster {cluster} failed")
+    return texts, failed
 
 
 def _digest(text: str) -> bytes:
@@ -546,7 +574,8 @@ def _diagnose_some(
     )
     differ: list[tuple[ResourceClaim, str]] = []
     digests: dict[int, bytes] = {}
-    for claim, text in _texts(cluster, Shapes(state), rows):
+    texts, failed = _texts(cluster, Shapes(state), rows)
+    for claim, text in texts:
         digest = digests[claim.pk] = _digest(text)
         if claim.pk in has_row and written.get(claim.pk) == digest:
             continue
@@ -562,9 +591,22 @@ def _diagnose_some(
             .exclude(claim__state="pending")
             .delete()
         )
+        removed += _drop_failed(failed, written)
         if done.written or removed:
             transaction.on_commit(lambda: notify_pending_changed(cluster))
-    return {"diagnosed": len(rows), "written": done.written, "removed": removed}
+    counts = {"diagnosed": len(rows), "written": done.written, "removed": removed}
+    return {**counts, "failed": len(failed)} if failed else counts
+
+
+def _drop_failed(failed: list[ResourceClaim], written: dict[int, bytes]) -> int:
+    """Drop the stored diagnoses of claims whose diagnosis failed (they show as not diagnosed yet, not as
+    diagnosed on an older fleet); returns how many there were."""
+    if not failed:
+        return 0
+    ids = [c.pk for c in failed]
+    transaction.on_commit(lambda: [written.pop(pk, None) for pk in ids])
+    dropped, _ = ClaimDiagnosis.objects.filter(claim_id__in=ids).delete()
+    return dropped
 
 
 STORE_CHUNK = 500  # diagnoses decoded and written at a time
@@ -622,11 +664,8 @@ def _diagnose_pending(cluster: str, state: FleetState, at: datetime, live: _Live
     pending = list(ResourceClaim.objects.filter(cluster__name=cluster, state="pending").order_by("id"))
     if pending:
         prepare(state)
-    texts = []
-    digests: dict[int, bytes] = {}
-    for claim, text in _texts(cluster, Shapes(state), pending):
-        digests[claim.pk] = _digest(text)
-        texts.append((claim, text))
+    texts, failed = _texts(cluster, Shapes(state), pending)
+    digests = {claim.pk: _digest(text) for claim, text in texts}
     # One transaction: a page never shows half old, half new diagnoses of one fleet state.
     with transaction.atomic():
         done = _store_texts(cluster, texts, at, None, compare=True)  # every cause
@@ -635,12 +674,13 @@ def _diagnose_pending(cluster: str, state: FleetState, at: datetime, live: _Live
         written, causes = live.written, live.causes
         transaction.on_commit(lambda: _remember(written, digests, causes, recorded, replace=True))
         ClaimDiagnosis.objects.filter(claim__cluster__name=cluster).exclude(claim__state="pending").delete()
+        _drop_failed(failed, written)
         # Open pending pages refetch their rows (claims.consumers); after commit, like every side effect.
         transaction.on_commit(lambda: notify_pending_changed(cluster))
     if done.drifted:
         # The incremental path (or a change it has not applied yet) held these differently.
         log.warning("recompute_diagnoses: %d stored diagnoses of %s were out of date", done.drifted, cluster)
-    return done.categories
+    return {**done.categories, "failed": len(failed)} if failed else done.categories
 
 
 @shared_task(ignore_result=True)

@@ -617,38 +617,70 @@ def test_an_update_whose_events_fail_half_applied_leaves_the_next_one_to_recompu
 def test_a_claim_whose_diagnosis_raises_leaves_the_others_diagnosed_and_updates_incremental(
     quiet: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    # A claim the engine cannot diagnose (a bug on one claim's shape) is logged by name and keeps its
-    # stored diagnosis; the other claims are stored, and the updates after it stay incremental.
+    # A claim the engine cannot diagnose (a bug on one claim's shape) is logged by name and has no stored
+    # diagnosis; the other claims are stored, and the updates after it stay incremental.
     fleet = diagnosed_fleet("incr-bad-claim", 21)
     real = tasks.diagnose
+    calls: collections.Counter[str] = collections.Counter()
 
     def fails_on_marked(state: FleetState, obj: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
         if "explode" in ((obj.get("metadata") or {}).get("labels") or {}):
+            calls[str(obj["metadata"]["name"])] += 1
             raise RuntimeError("engine bug")
         return real(state, obj, *args, **kwargs)
 
+    def bad_claim(name: str) -> dict[str, Any]:
+        bad = nvidia.claim_object("team", name, [fleet.request()], created=fleet.created())
+        bad["metadata"]["labels"] = {"explode": "yes"}
+        bad["spec"]["devices"]["requests"][0]["name"] = "r0"
+        bad["spec"]["devices"]["requests"][0]["exactly"] = {"deviceClassName": "gpu.nvidia.com"}
+        return {**bad, "kind": "ResourceClaim"}
+
     monkeypatch.setattr(tasks, "diagnose", fails_on_marked)
-    bad = nvidia.claim_object("team", "want-bad", [fleet.request()], created=fleet.created())
-    bad["metadata"]["labels"] = {"explode": "yes"}
-    bad["spec"]["devices"]["requests"][0]["name"] = "r0"
-    fleet.write([{**bad, "kind": "ResourceClaim"}])
+    fleet.write([bad_claim("want-bad"), bad_claim("want-bad-2")])  # one shape
     fleet.add_pending()
     with caplog.at_level("ERROR", logger=tasks.log.name):
         counts = tasks.update_diagnoses("incr-bad-claim")
-    assert "full" not in counts and counts["diagnosed"] >= 2
+    assert "full" not in counts and counts["failed"] == 2 and counts["diagnosed"] >= 3
     assert "diagnosis of claim team/want-bad in cluster incr-bad-claim failed" in caplog.text
-    others = {k: v for k, v in fresh("incr-bad-claim").items() if k != ("team", "want-bad")}
+    assert "claim team/want-bad-2 in cluster incr-bad-claim failed as for an earlier claim" in caplog.text
+    assert sum(calls.values()) == 1  # the shape's failure is kept: its other claims are not diagnosed again
+    bad_keys = {("team", "want-bad"), ("team", "want-bad-2")}
+    others = {k: v for k, v in fresh("incr-bad-claim").items() if k not in bad_keys}
     assert stored("incr-bad-claim") == others
     fleet.set_node("h1", "H100", "full", 4, {})
     fleet.add_pending()
     counts = tasks.update_diagnoses("incr-bad-claim")
     assert "full" not in counts and counts["written"] >= 1
     now = fresh("incr-bad-claim")
-    assert len(now) == len(others) + 2
-    assert stored("incr-bad-claim") == {k: v for k, v in now.items() if k != ("team", "want-bad")}
-    # The full recompute stores the same and leaves the bad claim undiagnosed too.
-    assert tasks.recompute_diagnoses("incr-bad-claim")
-    assert ("team", "want-bad") not in stored("incr-bad-claim")
+    assert len(now) == len(others) + 3
+    assert stored("incr-bad-claim") == {k: v for k, v in now.items() if k not in bad_keys}
+    # A claim diagnosed before whose diagnosis now fails loses its stored diagnosis: it shows as not
+    # diagnosed, not as diagnosed on an older fleet.
+    victim = next(k for k in stored("incr-bad-claim") if k not in bad_keys)
+    changed = copy.deepcopy(fleet.objects[("ResourceClaim", *victim)])
+    changed["metadata"]["labels"] = {"explode": "yes"}
+    fleet.write([changed])
+    counts = tasks.update_diagnoses("incr-bad-claim")
+    assert "full" not in counts and counts["failed"] >= 1 and victim not in stored("incr-bad-claim")
+    # The full recompute stores the same.
+    assert tasks.recompute_diagnoses("incr-bad-claim")["failed"] == 3
+    assert stored("incr-bad-claim") == {
+        k: v for k, v in fresh("incr-bad-claim").items() if k not in {*bad_keys, victim}
+    }
+
+
+def test_a_recompute_where_every_claim_fails_raises(quiet: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every diagnosis raising is the fleet's or the engine's fault, not one claim's: the task fails loudly
+    # (and the next update recomputes) instead of storing nothing and moving on.
+    diagnosed_fleet("incr-all-fail", 23)
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("engine bug")
+
+    monkeypatch.setattr(tasks, "diagnose", broken)
+    with pytest.raises(tasks.DiagnosisFailed, match="all 3 claims of cluster incr-all-fail"):
+        tasks.recompute_diagnoses("incr-all-fail")
 
 
 def test_the_live_links_keep_the_list_order_and_leave_earlier_states_alone() -> None:
