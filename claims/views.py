@@ -81,9 +81,12 @@ def heatmap_links(cluster: str, result: dict[str, Any] | None) -> list[tuple[str
     if (result or {}).get("category") not in DEVICE_CATEGORIES:
         return []
     seen: dict[tuple[str, bool], None] = {}
-    for request in (result or {}).get("requests") or []:
-        for g in request.get("groups") or []:
-            if g.get("matching") and g.get("model"):
+    # Typed as the engine writes them; a malformed stored result gets no links, not a failed page.
+    requests = (result or {}).get("requests")
+    for request in requests if isinstance(requests, list) else []:
+        groups = request.get("groups") if isinstance(request, dict) else None
+        for g in groups if isinstance(groups, list) else []:
+            if isinstance(g, dict) and g.get("matching") and g.get("model"):
                 seen[(str(g["model"]), bool(g.get("profile")))] = None
     links = []
     for model, mig in seen:
