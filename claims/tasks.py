@@ -259,7 +259,8 @@ def _store_many(
 
 class JSONText(Expression):
     """A JSON document given as its text, for a JSON column: written as it is. Django would encode the
-    decoded result again (json.dumps, then quoted), a tenth of an update's time at L."""
+    decoded result again (json.dumps, then quoted); that and the stdlib's decoding were 0.05-0.07 s of
+    the 993 rows an L update writes."""
 
     output_field = JSONField()
 
@@ -604,7 +605,12 @@ def _drop_failed(failed: list[ResourceClaim], written: dict[int, bytes]) -> int:
     if not failed:
         return 0
     ids = [c.pk for c in failed]
-    transaction.on_commit(lambda: [written.pop(pk, None) for pk in ids])
+
+    def forget_digests() -> None:
+        for pk in ids:
+            written.pop(pk, None)
+
+    transaction.on_commit(forget_digests)
     dropped, _ = ClaimDiagnosis.objects.filter(claim_id__in=ids).delete()
     return dropped
 
