@@ -155,6 +155,19 @@ class LiveFleet:
             ordered = self._ordered[kind] = [table[k] for k in sorted(table, key=lambda k: (k[1], k[0]))]
         return ordered
 
+    def _replace(self, kind: str, key: Key, new: Obj | None) -> Obj | None:
+        """Put ``new`` (None: nothing) in place of the object ``key`` of ``kind``, with its index entries;
+        returns the object it replaced."""
+        table = self.objects[kind]
+        old = table.get(key)
+        if new is None:
+            table.pop(key, None)
+        else:
+            table[key] = new
+        self._ordered.pop(kind, None)
+        self._relink(kind, old, new)
+        return old
+
     def _relink(self, kind: str, old: Obj | None, new: Obj | None) -> None:
         """Move one pod's or claim's entries in the indexes from ``old`` to ``new`` (either may be None)."""
         if kind == "Pod":
@@ -215,16 +228,10 @@ class LiveFleet:
         for kind, keys in written.items():
             if not keys:
                 continue
-            table = self.objects[kind]
-            self._ordered.pop(kind, None)
             fresh = self._read(kind, sorted(keys))
             for key in keys:
-                old, new = table.get(key), fresh.get(key)
-                if new is None:
-                    table.pop(key, None)
-                else:
-                    table[key] = new
-                self._relink(kind, old, new)
+                new = fresh.get(key)
+                old = self._replace(kind, key, new)
                 if old == new:
                     continue
                 if kind in ("DeviceClass", "Node", "DeviceTaintRule"):  # a rule may taint any pool

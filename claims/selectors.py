@@ -222,8 +222,7 @@ class ListedResult(Func):
     def as_postgresql(
         self, compiler: Any, connection: Any, **extra_context: Any
     ) -> tuple[str, tuple[Any, ...]]:
-        column, params = compiler.compile(self.source_expressions[0])
-        r = column
+        r, params = compiler.compile(self.source_expressions[0])
         # Guarded by type: one malformed stored result must not fail the list for everyone.
         sql = (
             f"CASE WHEN jsonb_typeof({r}) <> 'object' THEN {r}::text"
@@ -232,7 +231,7 @@ class ListedResult(Func):
             "CASE WHEN jsonb_typeof(q) = 'object' THEN q - 'holders' ELSE q END ORDER BY n), '[]'::jsonb)"
             f" FROM jsonb_array_elements({r}->'requests') WITH ORDINALITY AS t(q, n)))::text END"
         )
-        return sql, tuple(params) * sql.count(column)
+        return sql, tuple(params) * sql.count(r)
 
 
 def _listed(result: Any) -> Any:

@@ -225,20 +225,20 @@ def store_diagnosis(state: FleetState, claim: ResourceClaim, now: datetime | Non
 
 
 def _store_many(
-    results: list[tuple[ResourceClaim, dict[str, Any]]], at: datetime, texts: list[str] | None = None
+    results: list[tuple[ResourceClaim, dict[str, Any]]], at: datetime, texts: list[str]
 ) -> list[ClaimDiagnosis]:
     """Store the diagnoses of many claims in one statement (an update of a large change writes ~1,000).
-    ``texts``, when given, are the results as JSON text: written as they are, not encoded again."""
+    ``texts`` are the results as JSON text: written as they are, not encoded again."""
     stamp = _literal_time(at)
     rows = [
         ClaimDiagnosis(
             claim_id=c.pk,
             category=r["category"],
             summary=r["summary"],
-            result=r if texts is None else JSONText(texts[i]),
+            result=JSONText(text),
             computed_at=stamp,
         )
-        for i, (c, r) in enumerate(results)
+        for (c, r), text in zip(results, texts, strict=True)
     ]
     # ``row.claim`` without a query, but no ``claim.diagnosis`` back: assigning ``claim=c`` caches both
     # ways, a cycle per row that only a full collection frees (each update writes ~1,800 rows under churn).

@@ -31,6 +31,11 @@ class Request:
     capacity_requests: dict[str, Fraction]
     all_devices: list[Candidate] = field(default_factory=list)
 
+    @property
+    def alternative(self) -> bool:
+        """Whether this is one subrequest of a firstAvailable request ("req/sub")."""
+        return self.name != self.parent
+
 
 @dataclass
 class ClaimData:

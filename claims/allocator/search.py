@@ -200,7 +200,7 @@ class Allocator(DeviceState):
                 return False  # another claim's limit: this claim may still fit otherwise
         subs = data.requests[ri]
         if sub is None:
-            if subs[0].name == subs[0].parent:  # an exact request: no alternative to fall back on
+            if not subs[0].alternative:  # an exact request: nothing to fall back on
                 return self.allocate_one(ci, ri, 0, 0, 0)
             every_full = True
             for index in range(len(subs)):

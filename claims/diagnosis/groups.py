@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from fractions import Fraction
 
+from claims.allocator.pools import generation
 from claims.diagnosis.requests import counter_value
 from claims.diagnosis.result import Obj
 from claims.fleetstate import DeviceInfo, DeviceKey, FleetState, claim_results, klog
@@ -147,7 +148,7 @@ class Context:
             spec = s.get("spec") or {}
             pool = spec.get("pool") or {}
             key = (spec.get("driver", ""), pool.get("name", ""))
-            gen = int(pool.get("generation", 0))
+            gen = generation(s)
             seen_gen, seen = counts.get(key, (-1, 0))
             if gen > seen_gen:
                 counts[key] = (gen, 1)
@@ -181,9 +182,8 @@ class Context:
             sets = spec.get("sharedCounters")
             if not sets:
                 continue
-            pool = spec.get("pool") or {}
-            pool_key = (spec.get("driver", ""), pool.get("name", ""))
-            if int(pool.get("generation", 0)) != counts[pool_key][0]:
+            pool_key = (spec.get("driver", ""), (spec.get("pool") or {}).get("name", ""))
+            if generation(s) != counts[pool_key][0]:
                 # An older generation's slice, left until the driver deletes it: the allocator reads
                 # the newest generation's counters only.
                 continue

@@ -70,7 +70,7 @@ def test_a_recompute_stores_chunk_by_chunk_and_names_the_diagnoses_it_found_out_
     chunks: list[int] = []
     store_many = tasks._store_many
 
-    def spy(results: list[Any], at: Any, texts: Any = None) -> Any:
+    def spy(results: list[Any], at: Any, texts: Any) -> Any:
         chunks.append(len(results))
         return store_many(results, at, texts)
 

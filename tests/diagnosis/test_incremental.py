@@ -724,10 +724,7 @@ def test_the_live_links_keep_the_list_order_and_leave_earlier_states_alone() -> 
         ("Pod", pod("p-a", "2")),
         ("ResourceClaim", claim("c-a", "2")),
     ):
-        old = live.objects[kind].get(key_of(new))
-        live.objects[kind][key_of(new)] = new
-        live._ordered.pop(kind, None)
-        live._relink(kind, old, new)
+        live._replace(kind, key_of(new), new)
     after = live.state()
     assert [p["metadata"]["labels"]["v"] for p in after.pods_of_claim(claim("c", ""))] == ["2", "1", "3"]
     held = after.holders()[("gpu.nvidia.com", "n1", "gpu-0")]
