@@ -50,7 +50,17 @@ def _claim_spec(r: _Reader, value: Any, path: str) -> ClaimSpec:
         _constraint(r, c, f"{path}.devices.constraints[{i}]")
         for i, c in enumerate(r.seq(devices.get("constraints"), f"{path}.devices.constraints"))
     ]
+    for i, config in enumerate(r.seq(devices.get("config"), f"{path}.devices.config")):
+        _config(r, config, f"{path}.devices.config[{i}]")
     return ClaimSpec(requests=requests, constraints=constraints)
+
+
+def _config(r: _Reader, value: Any, path: str) -> None:
+    """A DeviceClaimConfiguration, checked for what an allocation's config reads (claims.allocator)."""
+    config = r.mapping(value, path, required=True)  # a null list item configures nothing
+    for i, request in enumerate(r.seq(config.get("requests"), f"{path}.requests")):
+        r.string(request, f"{path}.requests[{i}]", max_len=127)
+    r.mapping(config.get("opaque"), f"{path}.opaque")
 
 
 def _constraint(r: _Reader, value: Any, path: str) -> dict[str, Any]:

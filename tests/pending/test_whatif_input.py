@@ -72,6 +72,12 @@ BAD = [
     ),
     ('kind: ResourceClaim\nmetadata: "x"\nspec: {devices: {}}\n', "metadata", "expected an object"),
     (
+        "kind: ResourceClaim\nspec: {devices: {requests: [{name: a, exactly: {deviceClassName: g}}],\n"
+        "  config: [5]}}\n",
+        "spec.devices.config[0]",
+        "expected an object",
+    ),
+    (
         'kind: ResourceClaimTemplate\nspec: {spec: {devices: {requests: [{name: a, firstAvailable: "x"}]}}}',
         "spec.spec.devices.requests[0].firstAvailable",
         "expected a list",

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from claims.diagnosis import diagnose
@@ -131,6 +131,26 @@ def problem(text: str) -> tuple[str, str]:
             "kind: ResourceClaim\nspec: {devices: {constraints: [{requests: [a, 1]}]}}",
             "spec.devices.constraints[0].requests[1]",
             "expected a string",
+        ),
+        (
+            "kind: ResourceClaim\nspec: {devices: {config: [{opaque: {}}, null]}}",
+            "spec.devices.config[1]",
+            "missing",
+        ),
+        (
+            'kind: ResourceClaim\nspec: {devices: {config: ["x"]}}',
+            "spec.devices.config[0]",
+            "expected an object",
+        ),
+        (
+            "kind: ResourceClaim\nspec: {devices: {config: [{requests: [a, 1]}]}}",
+            "spec.devices.config[0].requests[1]",
+            "expected a string",
+        ),
+        (
+            "kind: ResourceClaim\nspec: {devices: {config: [{opaque: 5}]}}",
+            "spec.devices.config[0].opaque",
+            "an object",
         ),
         ('kind: ResourceClaim\nmetadata: "x"\nspec: {}', "metadata", "expected an object"),
         ("kind: ResourceClaim\nmetadata: {name: 5}\nspec: {}", "metadata.name", "expected a string"),
@@ -265,8 +285,17 @@ def mutated_claims(draw: Any) -> Any:
     return obj
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def _config_with_a_null_entry() -> dict[str, Any]:
+    # Found by this test: a null config entry passed the check, and an allocation that fit read it.
+    obj = copy.deepcopy(CLAIM)
+    del obj["spec"]["devices"]["requests"][0]
+    obj["spec"]["devices"]["config"].append(None)
+    return obj
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True)
 @given(obj=mutated_claims(), empty=st.booleans())
+@example(obj=_config_with_a_null_entry(), empty=False)
 def test_what_passes_the_check_is_linted_and_diagnosed_without_an_exception(obj, empty):
     state = empty_fleet() if empty else fleet()
     if not isinstance(obj, dict) or obj.get("kind") not in ("ResourceClaim", "ResourceClaimTemplate"):
