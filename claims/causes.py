@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -44,11 +44,23 @@ _LEADS = {
 
 
 @dataclass(frozen=True)
+class Brief:
+    """What a list needs of a stored diagnosis without its result: the cause key :func:`cause_of` gave
+    when it was stored, the category and the summary."""
+
+    key: str
+    category: str
+    summary: str
+
+
+@dataclass(frozen=True)
 class Pending:
     """One pending claim, or one pod waiting for a claim that is not there (``kind="pod"``).
 
     ``since`` is when it started pending (the claim's or pod's creation); ``result`` its stored diagnosis
-    (``None`` until the diagnosis task has run). ``ref`` is opaque to this module (e.g. a primary key)."""
+    (``None`` until the diagnosis task has run, or not read yet). ``brief``, when given, is what was
+    stored beside the result, and is what groups the item (see :func:`cause_of`). ``ref`` is opaque to
+    this module (e.g. a primary key)."""
 
     cluster: str
     namespace: str
@@ -58,13 +70,18 @@ class Pending:
     kind: str = "claim"
     pods: tuple[str, ...] = ()
     ref: Any = None
+    brief: Brief | None = None
 
     @property
     def category(self) -> str:
+        if self.brief is not None:
+            return self.brief.category or UNDIAGNOSED
         return str((self.result or {}).get("category") or UNDIAGNOSED)
 
     @property
     def summary(self) -> str:
+        if self.brief is not None:
+            return self.brief.summary or "No diagnosis stored yet."
         return str((self.result or {}).get("summary") or "No diagnosis stored yet.")
 
     @property
@@ -125,9 +142,16 @@ def plain_selector(expression: str) -> str:
 # ----------------------------------------------------------------------------------- request details
 
 
+def _entries(result: Result) -> list[Mapping[str, Any]]:
+    """The result's per-request details. Only objects: a stored result is read back from the database,
+    where a malformed one must cost its own summary, not the page that groups it with others."""
+    requests = result.get("requests")
+    return [r for r in requests if isinstance(r, Mapping)] if isinstance(requests, list) else []
+
+
 def _device_requests(result: Result) -> list[Mapping[str, Any]]:
     """The per-request details that carry device groups (a cel-error result also holds an error entry)."""
-    return [r for r in result.get("requests") or [] if isinstance(r, Mapping) and "groups" in r]
+    return [r for r in _entries(result) if "groups" in r]
 
 
 def _needed(request: Mapping[str, Any]) -> int:
@@ -181,7 +205,7 @@ def _parts(category: str, result: Result) -> tuple[str, ...]:
                 sorted({p for g in request.get("groups") or [] for p in g.get("pool_problems") or []})
             )
         if category == "constraint":
-            details = [r for r in result.get("requests") or [] if r.get("name") == "constraints"]
+            details = [r for r in _entries(result) if r.get("name") == "constraints"]
             parts += tuple(
                 sorted(
                     f"{c.get('kind')}:{c.get('attribute')}"
@@ -196,7 +220,7 @@ def _parts(category: str, result: Result) -> tuple[str, ...]:
             *(_failing_clauses(request) or request.get("selectors") or []),
         )
     if category == "cel-error":
-        first: Mapping[str, Any] = next((r for r in result.get("requests") or [] if "error" in r), {})
+        first: Mapping[str, Any] = next((r for r in _entries(result) if "error" in r), {})
         return (str(first.get("attribute") or first.get("expression") or first.get("error") or ""),)
     if category == "class-missing":
         found = _CLASS.search(str(result.get("summary", "")))
@@ -211,7 +235,12 @@ def _parts(category: str, result: Result) -> tuple[str, ...]:
 
 
 def cause_of(item: Pending) -> Cause:
-    """The cause an item belongs to; ``key`` is ``{category}-{10 hex digits}`` (readable, URL-safe)."""
+    """The cause an item belongs to; ``key`` is ``{category}-{10 hex digits}`` (readable, URL-safe).
+
+    An item with a :class:`Brief` has the key stored with its diagnosis (its ``parts`` are then empty):
+    computed from the whole result, so a reader whose result was redacted groups it as everyone does."""
+    if item.brief is not None:
+        return Cause(item.brief.key, item.cluster, item.category, ())
     category = item.category
     parts = _parts(category, item.result or {})
     digest = hashlib.sha1("\x1f".join((item.cluster, category, *parts)).encode(), usedforsecurity=False)
@@ -284,7 +313,7 @@ def _group_summary(n: int, category: str, rep: Pending) -> str:
 
 def _simple_summary(lead: str, category: str, result: Result, rep: Pending) -> str:
     if category == "cel-error":
-        first: Mapping[str, Any] = next((r for r in result.get("requests") or [] if "error" in r), {})
+        first: Mapping[str, Any] = next((r for r in _entries(result) if "error" in r), {})
         attribute, expression = first.get("attribute"), first.get("expression")
         if attribute:
             return f"{lead}: no such key {attribute} in `{expression}`"
@@ -302,15 +331,28 @@ def _simple_summary(lead: str, category: str, result: Result, rep: Pending) -> s
 # ------------------------------------------------------------------------------------------ grouping
 
 
-def group_causes(items: Iterable[Pending], examples: int = EXAMPLES) -> list[CauseGroup]:
-    """Items grouped by :func:`cause_of`: members oldest first, groups largest first (then oldest)."""
+def group_causes(
+    items: Iterable[Pending],
+    examples: int = EXAMPLES,
+    read: Callable[[list[Pending]], list[Pending]] | None = None,
+) -> list[CauseGroup]:
+    """Items grouped by :func:`cause_of`: members oldest first, groups largest first (then oldest).
+
+    A group's summary quotes its oldest member's result. Items listed by their :class:`Brief` alone get
+    it from ``read``, given those members (one call) and returning them with their results: only they
+    are read, not every member."""
     buckets: dict[str, tuple[Cause, list[Pending]]] = {}
     for item in items:
         cause = cause_of(item)
         buckets.setdefault(cause.key, (cause, []))[1].append(item)
+    for _, members in buckets.values():
+        members.sort(key=lambda m: (m.since, m.cluster, m.namespace, m.name))
+    if read is not None:
+        firsts = [members for _, members in buckets.values() if members[0].result is None]
+        for members, first in zip(firsts, read([m[0] for m in firsts]), strict=True):
+            members[0] = first
     groups = []
     for key, (cause, members) in buckets.items():
-        members.sort(key=lambda m: (m.since, m.cluster, m.namespace, m.name))
         rep = members[0]
         suggestions = (rep.result or {}).get("suggestions") or [""]
         groups.append(

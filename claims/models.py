@@ -14,14 +14,17 @@ class ClaimDiagnosis(models.Model):
     """The latest diagnosis of a pending claim (``claims.diagnosis``).
 
     ``result`` is the full result object (category, summary, requests, suggestions, placement, lint);
-    ``computed_at`` says how fresh it is. One writer: the diagnosis task (``claims.tasks``); pages and the
-    API only read it, and compute a missing one without storing it.
+    ``computed_at`` says how fresh it is. ``group_key`` is the result's cause (``claims.causes.cause_of``),
+    kept beside it so that the pending list groups its rows without reading every result; empty on a row
+    stored before the column, whose key is then computed from the result. One writer: the diagnosis task
+    (``claims.tasks``); pages and the API only read it, and compute a missing one without storing it.
     """
 
     claim = models.OneToOneField(ResourceClaim, on_delete=models.CASCADE, related_name="diagnosis")
     category = models.CharField(max_length=32, db_index=True)
     summary = models.TextField()
     result = models.JSONField(default=dict)
+    group_key = models.CharField(max_length=64, blank=True, default="")
     computed_at = models.DateTimeField()
 
     def __str__(self) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 from urllib.parse import urlencode
@@ -19,7 +19,7 @@ import orjson
 from django.db.models import F, Func, Q, QuerySet, TextField
 from django.utils import timezone
 
-from claims.causes import Pending, cause_of
+from claims.causes import Brief, Pending, cause_of
 from claims.diagnosis import diagnose
 from claims.fleetstate import FleetState
 from claims.models import ClaimDiagnosis
@@ -150,15 +150,18 @@ def pending_items(vis: Visibility, cluster: str = "", namespace: str = "") -> li
             vis.q(), scope, state="pending", deleted_at__isnull=True
         ).values_list("id", "cluster__name", "namespace", "name", "created_at", "synced_at")
     ]
-    # The stored results as text, decoded by orjson: Django decodes JSON columns with the stdlib, which
-    # was a quarter of the page's time for the L fleet's 2,000 pending claims.
-    diagnoses = {
-        claim_id: _listed(orjson.loads(text))
-        for claim_id, text in ClaimDiagnosis.objects.filter(claim_id__in=[c.pk for c in claims])
-        .annotate(text=ListedResult())
-        .values_list("claim_id", "text")
-        if text is not None
-    }
+    # Each diagnosis's brief, not its result: reading and decoding the L fleet's 2,000 results was most of
+    # the page's time, and a page shows the results of a few rows only (see with_results).
+    briefs: dict[int, Brief] = {}
+    keyless: list[int] = []
+    for claim_id, key, category, summary in ClaimDiagnosis.objects.filter(
+        claim_id__in=[c.pk for c in claims]
+    ).values_list("claim_id", "group_key", "category", "summary"):
+        if key:
+            briefs[claim_id] = Brief(key, category, summary)
+        else:
+            keyless.append(claim_id)  # stored before keys were: grouped from its result, as all were
+    results = _listed_results(keyless)
     waiting = list(
         Pod.objects.filter(vis.q(), scope, node_name="")
         .exclude(claim_refs=[])
@@ -196,15 +199,49 @@ def pending_items(vis: Visibility, cluster: str = "", namespace: str = "") -> li
             namespace=c.namespace,
             name=c.name,
             since=c.created_at or c.synced_at,
-            result=_redacted(diagnoses.get(c.pk), vis, c.cluster),
+            result=_redacted(results.get(c.pk), vis, c.cluster),
             kind="claim",
             pods=tuple(sorted(pods_of.get((c.cluster, c.namespace, c.name), []))),
             ref=c.pk,
+            brief=_redacted_brief(briefs.get(c.pk), vis, c.cluster),
         )
         for c in claims
     ]
     items += _orphan_items(orphans, vis)
     return items
+
+
+def with_results(items: list[Pending], vis: Visibility) -> list[Pending]:
+    """``items`` with their stored results as the list reads them (see :class:`ListedResult`), redacted
+    for ``vis``; one query. An item with a result, or without a stored diagnosis, is returned as it is."""
+    wanted = [i.ref for i in items if i.kind == "claim" and i.result is None and i.brief is not None]
+    results = _listed_results(wanted)
+    return [
+        replace(i, result=_redacted(results[i.ref], vis, i.cluster))
+        if i.kind == "claim" and i.result is None and i.ref in results
+        else i
+        for i in items
+    ]
+
+
+def _listed_results(claim_ids: list[int]) -> dict[int, Any]:
+    """The stored results of these claims as the list reads them. Read as text and decoded by orjson:
+    Django decodes JSON columns with the stdlib, several times slower."""
+    if not claim_ids:
+        return {}
+    return {
+        claim_id: _listed(orjson.loads(text))
+        for claim_id, text in ClaimDiagnosis.objects.filter(claim_id__in=claim_ids)
+        .annotate(text=ListedResult())
+        .values_list("claim_id", "text")
+        if text is not None
+    }
+
+
+def _redacted_brief(brief: Brief | None, vis: Visibility, cluster: str) -> Brief | None:
+    if brief is None or vis.all_namespaces:
+        return brief
+    return replace(brief, summary=str(redact_diagnosis(brief.summary, vis, cluster)))
 
 
 class ListedResult(Func):

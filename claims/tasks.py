@@ -27,7 +27,7 @@ import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import uuid4
 
@@ -215,6 +215,9 @@ def _texts(
     return texts, failed
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
 def _digest(text: str) -> bytes:
     return hashlib.blake2b(text.encode(), digest_size=16).digest()
 
@@ -224,8 +227,14 @@ def store_diagnosis(state: FleetState, claim: ResourceClaim, now: datetime | Non
     return _store(claim, diagnosis_of(state, claim), now or timezone.now())
 
 
+def cause_key(cluster: str, claim: ResourceClaim, result: dict[str, Any]) -> str:
+    """The cause group of a claim's diagnosis (``claims.causes.cause_of``), as stored beside it."""
+    # The cause does not depend on the claim's age: any time will do for one without a creation time.
+    return cause_of(Pending(cluster, claim.namespace, claim.name, claim.created_at or _EPOCH, result)).key
+
+
 def _store_many(
-    results: list[tuple[ResourceClaim, dict[str, Any]]], at: datetime, texts: list[str]
+    cluster: str, results: list[tuple[ResourceClaim, dict[str, Any]]], at: datetime, texts: list[str]
 ) -> list[ClaimDiagnosis]:
     """Store the diagnoses of many claims in one statement (an update of a large change writes ~1,000).
     ``texts`` are the results as JSON text: written as they are, not encoded again."""
@@ -236,6 +245,7 @@ def _store_many(
             category=r["category"],
             summary=r["summary"],
             result=JSONText(text),
+            group_key=cause_key(cluster, c, r),
             computed_at=stamp,
         )
         for (c, r), text in zip(results, texts, strict=True)
@@ -249,7 +259,7 @@ def _store_many(
         batch_size=500,
         update_conflicts=True,
         unique_fields=["claim"],
-        update_fields=["category", "summary", "result", "computed_at"],
+        update_fields=["category", "summary", "result", "group_key", "computed_at"],
     )
     for row, (_, result) in zip(rows, results, strict=True):
         row.computed_at = at
@@ -299,6 +309,7 @@ def _store(claim: ResourceClaim, result: dict[str, Any], at: datetime) -> ClaimD
             "category": result["category"],
             "summary": result["summary"],
             "result": result,
+            "group_key": cause_key(claim.cluster.name, claim, result),
             "computed_at": at,
         },
     )
@@ -324,8 +335,7 @@ def record_causes(
     fresh: Recorded = {}
     for d in diagnosed:
         claim = d.claim
-        since = claim.created_at or now
-        key = cause_of(Pending(cluster, claim.namespace, claim.name, since, d.result)).key
+        key = cause_key(cluster, claim, d.result)
         last = (recorded or {}).get(claim.pk)
         if last is not None and last[:2] == (d.category, key) and now - last[2] < CAUSE_REFRESH:
             continue
@@ -649,7 +659,7 @@ def _store_texts(
             out.drifted += sum(1 for c, r in chunk if c.pk in held and held[c.pk] != r)
         for _, result in chunk:
             out.categories[result["category"]] = out.categories.get(result["category"], 0) + 1
-        rows = _store_many(chunk, at, [text for _, text in part])
+        rows = _store_many(cluster, chunk, at, [text for _, text in part])
         out.recorded.update(record_causes(cluster, rows, at, causes))
         out.written += len(rows)
     return out

@@ -180,11 +180,20 @@ def _pending_context(request: HttpRequest, query: selectors.PendingQuery) -> dic
     vis = visibility_for(request.user)
     now = timezone.now()
     every = selectors.pending_items(vis, query.cluster, query.namespace)
+    seen: dict[Any, Pending] = {}
+
+    def results(firsts: list[Pending]) -> list[Pending]:
+        # Only each group's oldest member is read (its summary and links quote it); both groupings
+        # below share what was read.
+        missing = [p for p in firsts if (p.kind, p.ref) not in seen]
+        seen.update({(p.kind, p.ref): p for p in selectors.with_results(missing, vis)})
+        return [seen[(p.kind, p.ref)] for p in firsts]
+
     # The cause list ignores the cause filter, so that the other causes stay one click away.
     ages = selectors.PendingQuery(min_age=query.min_age, max_age=query.max_age)
-    causes = group_causes(selectors.with_age(every, ages, now))
+    causes = group_causes(selectors.with_age(every, ages, now), read=results)
     items = selectors.with_age(every, query, now)
-    groups: list[CauseGroup] = group_causes(items)
+    groups: list[CauseGroup] = group_causes(items, read=results)
     # Unfiltered, a cause shows its first rows and links to its permalink for all of them: rendering
     # every row of 2,000 pending claims took seconds per request.
     limit = None if query.cause else ROWS_PER_CAUSE

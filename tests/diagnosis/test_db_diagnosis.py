@@ -70,9 +70,9 @@ def test_a_recompute_stores_chunk_by_chunk_and_names_the_diagnoses_it_found_out_
     chunks: list[int] = []
     store_many = tasks._store_many
 
-    def spy(results: list[Any], at: Any, texts: Any) -> Any:
+    def spy(cluster: str, results: list[Any], at: Any, texts: Any) -> Any:
         chunks.append(len(results))
-        return store_many(results, at, texts)
+        return store_many(cluster, results, at, texts)
 
     monkeypatch.setattr(tasks, "_store_many", spy)
     assert tasks.recompute_diagnoses("fixtures") == {"capacity": 1, "no-match": 1, "cel-error": 1}

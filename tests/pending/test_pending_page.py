@@ -368,12 +368,15 @@ def test_a_cause_shows_its_first_rows_and_its_permalink_lists_them_all(signed_in
 def test_the_list_reads_each_result_without_its_holders_and_placement(monday):
     # What only a claim's own page shows stays in the database (PostgreSQL drops it in the query, SQLite
     # in Python); the rest of each result is as stored.
-    from claims.selectors import pending_items
+    from claims.selectors import pending_items, with_results
     from fleet.access.visibility import Visibility
 
-    items = [i for i in pending_items(Visibility.everything(), "sim") if i.kind == "claim"]
+    everything = Visibility.everything()
+    listed = [i for i in pending_items(everything, "sim") if i.kind == "claim"]
+    assert listed and all(i.result is None for i in listed)  # the list itself reads no result
+    items = with_results(listed, everything)
     stored = dict(ClaimDiagnosis.objects.values_list("claim_id", "result"))
-    assert items and all(i.ref in stored for i in items)
+    assert all(i.ref in stored for i in items)
     with_holders = 0
     for item in items:
         whole = stored[item.ref]
@@ -401,3 +404,63 @@ def test_a_malformed_stored_result_does_not_break_the_page(signed_in, monday, re
     assert response.status_code == 200
     assert f"{claim.namespace}/{claim.name}" in rows_shown(response.content.decode())
     assert signed_in.get("/claims/pending/fragment/").status_code == 200
+
+
+def test_each_stored_diagnosis_keeps_the_cause_of_its_whole_result(monday):
+    # The list groups by the stored key: it must be what cause_of gives for the result stored with it.
+    from claims.causes import Pending, cause_of
+
+    rows = ClaimDiagnosis.objects.select_related("claim", "claim__cluster")
+    assert rows.exists()
+    for d in rows:
+        c = d.claim
+        key = cause_of(Pending(c.cluster.name, c.namespace, c.name, c.synced_at, d.result)).key
+        assert d.group_key == key, c.name
+
+
+def test_groups_read_the_result_of_their_oldest_member_only(signed_in, monday, monkeypatch):
+    from claims import selectors
+
+    read: list[str] = []
+    with_results = selectors.with_results
+
+    def recorded(items, vis):
+        read.extend(f"{i.namespace}/{i.name}" for i in items)
+        return with_results(items, vis)
+
+    monkeypatch.setattr(selectors, "with_results", recorded)
+    html = unescape(signed_in.get(URL).content.decode())
+    expected = expected_monday()
+    assert Counter(groups_shown(html)) == Counter(expected.groups)
+    firsts = re.findall(
+        r'<section class="cause".*?<tbody><tr class="row" data-kind="claim" data-name="([^"]+)"', html, re.S
+    )
+    assert sorted(read) == sorted(firsts) and len(read) == len(expected.groups)
+    # The summary quoting the oldest member's numbers came from that read.
+    assert f"only B200, B300 match, all {expected.big_devices} held" in html
+
+
+def test_a_diagnosis_stored_without_its_key_is_grouped_from_its_result(signed_in, monday):
+    expected = expected_monday()
+    before = unescape(signed_in.get(URL).content.decode())
+    ids = list(ClaimDiagnosis.objects.order_by("claim__name").values_list("id", flat=True))
+    ClaimDiagnosis.objects.filter(id__in=ids[::2]).update(group_key="")
+    after = unescape(signed_in.get(URL).content.decode())
+    assert Counter(groups_shown(after)) == Counter(expected.groups)
+    assert re.findall(r'data-cause="([^"]+)"', after) == re.findall(r'data-cause="([^"]+)"', before)
+
+
+def test_a_summary_naming_a_foreign_claim_is_redacted_in_rows_and_causes(client, monday):
+    # Summaries name holders ("held by ml-train/pretrain-0"); the list reads them from their own column.
+    claim = ResourceClaim.objects.filter(state="pending", namespace="research").order_by("created_at")[0]
+    said = "All 4 matching devices are held by ml-train/pretrain-secret."
+    d = ClaimDiagnosis.objects.get(claim=claim)
+    ClaimDiagnosis.objects.filter(pk=d.pk).update(summary=said, result={**d.result, "summary": said})
+    user = get_user_model().objects.create_user("carol", password=PASSWORD)
+    NamespaceGrant.objects.create(user=user, namespace="research")
+    client.force_login(user)
+    for params in ({}, {"group": "none"}):
+        html = unescape(client.get(URL, params).content.decode())
+        row = found(rf'data-name="research/{claim.name}".*?</tr>', html)
+        assert "pretrain-secret" not in html
+        assert "held by a claim in another namespace" in row
