@@ -24,7 +24,9 @@ class ClaimDiagnosis(models.Model):
     category = models.CharField(max_length=32, db_index=True)
     summary = models.TextField()
     result = models.JSONField(default=dict)
-    group_key = models.CharField(max_length=64, blank=True, default="")
+    # A database default too: a worker of the previous release, still writing while this one migrates,
+    # leaves the column out.
+    group_key = models.CharField(max_length=64, blank=True, default="", db_default="")
     computed_at = models.DateTimeField()
 
     def __str__(self) -> str:

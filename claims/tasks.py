@@ -321,10 +321,11 @@ Recorded = dict[int, tuple[str, str, datetime]]
 
 
 def record_causes(
-    cluster: str, diagnosed: list[ClaimDiagnosis], now: datetime, recorded: Recorded | None = None
+    diagnosed: list[ClaimDiagnosis], now: datetime, recorded: Recorded | None = None
 ) -> Recorded:
     """Keep each pending claim's cause (one row per claim and cause group, first and last seen), so the
     triage can report the causes of claims no longer pending. One bulk statement. Returns what it wrote.
+    The cause is the one stored with each diagnosis (``group_key``).
 
     With ``recorded`` (what was written before), a claim whose cause is the one recorded less than
     ``CAUSE_REFRESH`` ago is left alone: under churn nearly every update changes the counts of thousands of
@@ -335,7 +336,7 @@ def record_causes(
     fresh: Recorded = {}
     for d in diagnosed:
         claim = d.claim
-        key = cause_key(cluster, claim, d.result)
+        key = d.group_key  # computed when the diagnosis was stored
         last = (recorded or {}).get(claim.pk)
         if last is not None and last[:2] == (d.category, key) and now - last[2] < CAUSE_REFRESH:
             continue
@@ -660,7 +661,7 @@ def _store_texts(
         for _, result in chunk:
             out.categories[result["category"]] = out.categories.get(result["category"], 0) + 1
         rows = _store_many(cluster, chunk, at, [text for _, text in part])
-        out.recorded.update(record_causes(cluster, rows, at, causes))
+        out.recorded.update(record_causes(rows, at, causes))
         out.written += len(rows)
     return out
 

@@ -268,13 +268,14 @@ def test_an_unchanged_cause_is_refreshed_once_a_minute_and_a_new_cause_at_once(i
     t0, recorded = d.computed_at, tasks.Recorded()
 
     def record(seconds: int) -> Any:
-        recorded.update(tasks.record_causes("fixtures", [d], t0 + timedelta(seconds=seconds), recorded))
+        recorded.update(tasks.record_causes([d], t0 + timedelta(seconds=seconds), recorded))
         return PendingCause.objects.get(uid=d.claim.uid, category=d.category).last_seen - t0
 
     assert record(0) == timedelta(0)
     assert record(30) == timedelta(0)  # the same cause 30 s later: left alone
     assert record(61) == timedelta(seconds=61)  # past CAUSE_REFRESH: refreshed
     d.category, d.result = "no-match", {**d.result, "category": "no-match"}
+    d.group_key = tasks.cause_key("fixtures", d.claim, d.result)
     assert record(62) == timedelta(seconds=62)  # another cause: recorded at once
     assert sorted(PendingCause.objects.filter(uid=d.claim.uid).values_list("category", flat=True)) == [
         "capacity",
