@@ -177,6 +177,11 @@ def _bad(exc: Exception) -> HttpResponse:
 
 
 def _pending_context(request: HttpRequest, query: selectors.PendingQuery) -> dict[str, Any]:
+    with selectors.one_snapshot():
+        return _pending_context_of(request, query)
+
+
+def _pending_context_of(request: HttpRequest, query: selectors.PendingQuery) -> dict[str, Any]:
     vis = visibility_for(request.user)
     now = timezone.now()
     every = selectors.pending_items(vis, query.cluster, query.namespace)

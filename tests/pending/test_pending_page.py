@@ -455,6 +455,10 @@ def test_a_diagnosis_stored_without_its_key_is_grouped_from_its_result(signed_in
             [old.claim_id, old.category, old.summary, json.dumps(old.result), old.computed_at],
         )
     assert ClaimDiagnosis.objects.get(claim_id=old.claim_id).group_key == ""
+    # Such a writer also leaves the key of the diagnosis it replaced: one of another category is not used.
+    other = ClaimDiagnosis.objects.exclude(category="capacity").exclude(group_key="").first()
+    assert other is not None
+    ClaimDiagnosis.objects.filter(pk=other.pk).update(group_key="capacity-0123456789")
     after = unescape(signed_in.get(URL).content.decode())
     assert Counter(groups_shown(after)) == Counter(expected.groups)
     assert re.findall(r'data-cause="([^"]+)"', after) == re.findall(r'data-cause="([^"]+)"', before)
@@ -474,3 +478,81 @@ def test_a_summary_naming_a_foreign_claim_is_redacted_in_rows_and_causes(client,
         row = found(rf'data-name="research/{claim.name}".*?</tr>', html)
         assert "pretrain-secret" not in html
         assert "held by a claim in another namespace" in row
+
+
+@pytest.mark.postgresql
+@pytest.mark.django_db(transaction=True)
+def test_the_pending_list_reads_one_committed_state():
+    # The list reads its rows, then the results of the rows it quotes: a commit between the two reads
+    # must not show in the second only.
+    from claims.selectors import one_snapshot
+
+    other = connection.copy()
+    try:
+        with one_snapshot():
+            assert connection.in_atomic_block
+            before = Cluster.objects.count()
+            with other.cursor() as cursor:  # autocommit: visible to any new snapshot at once
+                cursor.execute(
+                    "INSERT INTO fleet_cluster (name, description, created_at) VALUES ('late', '', now())"
+                )
+            assert Cluster.objects.count() == before
+        assert Cluster.objects.count() == before + 1
+    finally:
+        other.close()
+
+
+def test_the_page_and_its_fragment_read_rows_and_quoted_results_in_one_snapshot(
+    signed_in, monday, monkeypatch
+):
+    from contextlib import contextmanager
+
+    from claims import selectors
+
+    depth, reads = [0], []
+
+    @contextmanager
+    def snapshot():
+        depth[0] += 1
+        yield
+        depth[0] -= 1
+
+    def spied(name):
+        real = getattr(selectors, name)
+
+        def read(*args, **kwargs):
+            reads.append((name, depth[0]))
+            return real(*args, **kwargs)
+
+        return read
+
+    monkeypatch.setattr(selectors, "one_snapshot", snapshot)
+    for name in ("pending_items", "with_results"):
+        monkeypatch.setattr(selectors, name, spied(name))
+    for url in (URL, "/claims/pending/fragment/"):
+        assert signed_in.get(url).status_code == 200
+    assert {name for name, _ in reads} == {"pending_items", "with_results"}
+    assert all(d == 1 for _, d in reads), reads
+
+
+def test_a_restricted_reader_groups_by_the_same_keys_as_everyone(client, monday):
+    # Keys come from whole results: a redacted part (here a suggestion naming a foreign holder) does not
+    # change the group, so permalinks to a cause are the same for every reader.
+    from claims.tasks import cause_key
+
+    claim = ResourceClaim.objects.filter(state="pending", namespace="research").order_by("created_at")[0]
+    d = ClaimDiagnosis.objects.get(claim=claim)
+    result = {**d.result, "category": "fits", "suggestions": ["Wait for ml-train/pretrain-secret to end."]}
+    key = cause_key("sim", claim, result)
+    ClaimDiagnosis.objects.filter(pk=d.pk).update(category="fits", result=result, group_key=key)
+    pages = {}
+    for name, grants in (("erin", ["research", "ml-train"]), ("dave", ["research"])):
+        user = get_user_model().objects.create_user(name, password=PASSWORD)
+        for namespace in grants:
+            NamespaceGrant.objects.create(user=user, namespace=namespace)
+        client.force_login(user)
+        pages[name] = unescape(client.get(URL, {"cause": key}).content.decode())
+        assert rows_shown(pages[name]) == [f"research/{claim.name}"], name
+    assert "Fix:</strong> Wait for ml-train/pretrain-secret to end." in pages["erin"]
+    assert "pretrain-secret" not in pages["dave"]
+    assert "Fix:</strong> Wait for a claim in another namespace to end." in pages["dave"]
