@@ -649,6 +649,12 @@ def main() -> int:
     parser.add_argument("--load-seconds", type=int, default=60)
     parser.add_argument("--dir", default=str(ROOT / ".run" / "e2e"))
     parser.add_argument("--port", type=int, default=0, help="uvicorn port (default: a free one)")
+    parser.add_argument(
+        "--web-workers",
+        type=int,
+        default=1,
+        help="uvicorn worker processes (Django runs a process's views one at a time; default 1)",
+    )
     parser.add_argument("--skip-load", action="store_true")
     parser.add_argument(
         "--source",
@@ -805,6 +811,8 @@ def main() -> int:
                 "--port",
                 str(port),
                 "--no-access-log",
+                "--workers",
+                str(args.web_workers),
             ],
         )
         sampler.start()

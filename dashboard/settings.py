@@ -27,6 +27,10 @@ PRODUCTION = DATABASE_URL is not None and not DATABASE_URL.startswith("sqlite")
 if PRODUCTION and REDIS_URL is None:
     # PostgreSQL without Redis would leave workers' change events unseen by web processes, silently.
     raise ConfigError("REDIS_URL", "", "a redis:// URL: required with a PostgreSQL DATABASE_URL")
+# uvicorn starts this many web processes. Without Redis, live pushes and in-process tasks stay in the one
+# process that made them: a page served by another would never hear of a change.
+if REDIS_URL is None and env_int("WEB_CONCURRENCY", 1, minimum=1) > 1:
+    raise ConfigError("WEB_CONCURRENCY", env_str("WEB_CONCURRENCY"), "1 (unset) without REDIS_URL")
 
 DEBUG = env_bool("DJANGO_DEBUG", False)
 

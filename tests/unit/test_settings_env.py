@@ -32,6 +32,7 @@ def start(**env):
             "SECRET_KEY",
         ),
         ({"DJANGO_DEBUG": "maybe"}, "DJANGO_DEBUG"),
+        ({"WEB_CONCURRENCY": "2"}, "WEB_CONCURRENCY"),  # several web processes need Redis between them
     ],
 )
 def test_a_bad_value_stops_start_up_naming_the_variable(env, needle, tmp_path):
