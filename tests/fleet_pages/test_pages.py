@@ -183,3 +183,14 @@ def test_the_mig_view_shows_every_mig_gpu_and_a_dynamic_gpu_allocated_whole(sign
     reserved = signed_in.get("/fleet/mig/?state=reserved").content.decode()
     assert "7 GPUs with MIG" in reserved
     assert "whole GPU" in signed_in.get("/fleet/mig/?pool=h100-d1").content.decode()
+
+
+def test_the_filter_bar_offers_the_models_of_the_fleets_gpus_and_mig_devices(signed_in):
+    expected = sorted(set(Device.objects.filter(kind__in=("gpu", "mig")).values_list("model", flat=True)))
+    assert expected
+    for path in ("/fleet/", "/fleet/heatmap/", "/fleet/mig/"):
+        html = signed_in.get(path).content.decode()
+        select = re.search(r'<select name="model".*?</select>', html, re.S)
+        assert select is not None, path
+        offered = re.findall(r'<option value="([^"]+)"', select.group(0))
+        assert offered == expected, path
