@@ -97,6 +97,9 @@ def build_binaries() -> Path:
     return Path(result.stdout.strip().splitlines()[-1])
 
 
+START_ATTEMPTS = 3  # starts of the control plane when a component finds its port taken (see __enter__)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -261,12 +264,24 @@ class ControlPlane:
         return result
 
     def __enter__(self) -> Self:
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
+        for attempt in range(1, START_ATTEMPTS + 1):
+            try:
+                self.start()
+                return self
+            except ControlPlaneError as err:
+                self.stop()
+                # free_port() lets a port go before the component binds it, and any process's outgoing
+                # connection can take it in between: then start again on other ports.
+                if "address already in use" not in str(err) or attempt == START_ATTEMPTS:
+                    raise
+                say = f"control plane start {attempt}: a port was taken meanwhile, starting again"
+                print(say, file=sys.stderr)
+                self.log_dir.rename(self.work_dir / f"logs-attempt-{attempt}")
+                shutil.rmtree(self.work_dir / "etcd", ignore_errors=True)
+            except BaseException:
+                self.stop()
+                raise
+        raise AssertionError("unreachable")
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
