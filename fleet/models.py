@@ -623,3 +623,19 @@ class DeviceGroupState(models.Model):
 
     def __str__(self) -> str:
         return f"{self.cluster_id}/{self.unit}/{self.kind}/{self.profile}"
+
+
+class ReadModelVersion(models.Model):
+    """Per cluster, a token that changes in every transaction that recomputes some of its read-model rows
+    (:class:`GpuState`, :class:`DeviceGroupState`): what per-process caches of the read model's aggregates
+    compare (:mod:`fleet.readmodel`). Random, not a counter: a test database rolled back or flushed reuses
+    cluster ids (SQLite), and a counter would start over and match an entry cached before.
+
+    Written only by ``fleet.ingest.gpu_state``, with the rows.
+    """
+
+    cluster = models.OneToOneField(Cluster, on_delete=models.CASCADE, primary_key=True)
+    token = models.BigIntegerField()
+
+    def __str__(self) -> str:
+        return f"{self.cluster_id}@{self.token}"

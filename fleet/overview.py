@@ -323,8 +323,8 @@ def overviews_per_device(filters: FleetFilter, cluster_names: Mapping[int, str])
 
 def load_cluster_overviews(filters: FleetFilter, cluster_names: Mapping[int, str]) -> list[ClusterOverview]:
     """The overview's per-cluster counts for the filters (the state filter applies later, to the rows),
-    read from the per-GPU read model on each request: two indexed aggregates, tens of milliseconds on the
-    L fleet, so no cache has to follow ingest's commits."""
+    from the per-GPU read model (:func:`fleet.readmodel.summaries`: kept per process until ingest changes
+    the cluster's rows)."""
     nodes = None
     if filters.label:
         labels = selectors.node_labels(list(cluster_names))
@@ -336,8 +336,8 @@ def load_cluster_overviews(filters: FleetFilter, cluster_names: Mapping[int, str
 def compute_overviews(
     scope: selectors.OverviewScope, filters: FleetFilter, cluster_names: Mapping[int, str]
 ) -> list[ClusterOverview]:
-    """The overview's counts, uncached: the per-GPU read model's GPU and MIG rows of the scope, added up
-    by two indexed aggregates (the same on every database)."""
+    """The overview's counts: the per-GPU read model's GPU and MIG rows of the scope, added up by two
+    indexed aggregates (the same on every database), or this process's copy of them."""
     per_cluster = readmodel.summaries(
         readmodel.Scope(scope.cluster_ids, scope.model, scope.pool, scope.nodes, gpu_devices_only=True)
     )

@@ -161,6 +161,13 @@ def fleet_summary(cluster_id: int | None = None) -> FleetSummary:
     return readmodel.fleet_summary(None if cluster_id is None else [cluster_id])
 
 
+def gpu_models() -> list[str]:
+    """The models of the fleet's current GPU and MIG devices, sorted, from the per-GPU read model."""
+    from fleet import readmodel
+
+    return readmodel.gpu_models()
+
+
 def fleet_summary_per_device(cluster_id: int | None = None) -> FleetSummary:
     """:func:`fleet_summary` from every current device and allocation: what the read model's rows are
     tested against, and rebuilt from."""

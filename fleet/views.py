@@ -26,7 +26,6 @@ from fleet.models import (
     Cluster,
     Device,
     DeviceAllocation,
-    DeviceGroupState,
     Node,
     Pod,
     PodClaimUse,
@@ -88,16 +87,11 @@ def _choices(filters: FleetFilter) -> dict[str, Any]:
     return {
         "filters": filters,
         "cluster_choices": list(Cluster.objects.values_list("name", flat=True)),
-        "model_choices": selectors_models(),
+        # The models the read model counts (current devices): a distinct over every device row took
+        # 117 ms of each fleet page at XL (1M devices).
+        "model_choices": selectors.gpu_models(),
         "state_choices": STATES,
     }
-
-
-def selectors_models() -> list[str]:
-    """The GPU models the filter bar offers: those the read model counts (current devices). A distinct
-    over every device row instead took 117 ms of each fleet page at XL (1M devices), this 47 ms."""
-    gpus = DeviceGroupState.objects.filter(kind__in=("gpu", "mig"), total__gt=0)
-    return sorted(set(gpus.values_list("model", flat=True).distinct()))
 
 
 @with_filters

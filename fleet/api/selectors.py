@@ -143,8 +143,8 @@ def cluster_names() -> dict[int, str]:
 
 def compute_summary(cluster_id: int | None = None) -> dict[str, Any]:
     """Partition-aware counts per cluster and for the whole fleet (of one cluster with ``cluster_id``), by
-    model, MIG profile and state: the per-GPU read model's, two indexed aggregates, read on each request
-    (tens of milliseconds on the L fleet: no cache to keep in step with ingest)."""
+    model, MIG profile and state: the per-GPU read model's, two indexed aggregates, kept per process
+    until ingest changes a cluster's rows (:func:`fleet.readmodel.summaries`)."""
     per_cluster = readmodel.summaries(readmodel.Scope(None if cluster_id is None else (cluster_id,)))
     names = cluster_names()
     return {

@@ -12,6 +12,7 @@ the read model counts by :mod:`fleet.counts`' rules only.
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -25,7 +26,7 @@ from django.db.models.functions import Cast
 from fleet import counts, heatmap, selectors
 from fleet.ingest import locks, rule_taints, statistics
 from fleet.ingest.sql import write_rows
-from fleet.models import Device, DeviceGroupState, GpuState, ResourceSlice
+from fleet.models import Device, DeviceGroupState, GpuState, ReadModelVersion, ResourceSlice
 from fleet.normalize import FULL_GPU_SLICES
 from fleet.selectors import CounterSets, DeviceKey, Holder
 
@@ -175,6 +176,7 @@ def refresh(cluster_id: int, pools: Collection[str] | None = None, *, retaint: b
         batches = [names]
     # After the lock: the recomputes of a cluster get increasing revisions in the order they commit.
     revision = (GpuState.objects.filter(cluster_id=cluster_id).aggregate(r=Max("revision"))["r"] or 0) + 1
+    _new_version(cluster_id)
     for rows in stored:
         rows.delete()  # nothing refers to these rows: one DELETE each
     written = 0
@@ -186,6 +188,16 @@ def refresh(cluster_id: int, pools: Collection[str] | None = None, *, retaint: b
         write_rows(DeviceGroupState, groups)
         written += len(gpus)
     return written
+
+
+def _new_version(cluster_id: int) -> None:
+    """A new token for the cluster's :class:`ReadModelVersion`, committed with the rows."""
+    ReadModelVersion.objects.bulk_create(
+        [ReadModelVersion(cluster_id=cluster_id, token=secrets.randbits(62))],
+        update_conflicts=True,
+        unique_fields=["cluster"],
+        update_fields=["token"],
+    )
 
 
 def _rows_of_pools(

@@ -43,7 +43,9 @@ def test_the_overview_reads_the_read_model_on_every_database_not_the_devices(fle
     names = _clusters(FleetFilter())
     with CaptureQueriesContext(connection) as ctx:
         got = overview.compute_overviews(selectors.OverviewScope(tuple(names)), FleetFilter(), names)
-    assert len(ctx.captured_queries) == 2
+    # The read model's versions (what this process's cache compares), then its two aggregates.
+    assert len(ctx.captured_queries) == 3
+    assert '"fleet_readmodelversion"' in ctx.captured_queries[0]["sql"]
     assert not any('"fleet_device"' in q["sql"] for q in ctx.captured_queries)
     assert shown(got, "") == shown(per_device(FleetFilter()), "")
 
