@@ -154,14 +154,17 @@ def _device_dicts(devices: QuerySet[Device]) -> list[dict[str, Any]]:
 _JSON_FIELDS = ("counters_consumed", "taints")
 
 
-def refresh(cluster_id: int, pools: Collection[str] | None = None, *, retaint: bool = True) -> int:
+def refresh(
+    cluster_id: int, pools: Collection[str] | None = None, *, retaint: bool = True, version: bool = True
+) -> int:
     """Recompute the read model's rows of ``pools`` (pool names, every driver) of a cluster, or of the
     whole cluster with ``None``, from the stored devices and allocations; returns the GPU rows written.
     Call inside the ingest transaction that changed them. A constant number of statements per batch of
     pools (one batch unless a whole large cluster is recomputed, see :func:`_pool_batches`).
 
     First the DeviceTaintRules' taints of the pools' devices are brought up to date (``retaint``; a batch
-    may have rewritten device rows with their published taints only)."""
+    may have rewritten device rows with their published taints only). With ``version`` the cluster gets a
+    new :class:`ReadModelVersion` token, which the readers' caches compare."""
     locks.read_model_lock(cluster_id)
     if retaint:
         rule_taints.retaint(cluster_id, pools)
@@ -176,7 +179,8 @@ def refresh(cluster_id: int, pools: Collection[str] | None = None, *, retaint: b
         batches = [names]
     # After the lock: the recomputes of a cluster get increasing revisions in the order they commit.
     revision = (GpuState.objects.filter(cluster_id=cluster_id).aggregate(r=Max("revision"))["r"] or 0) + 1
-    _new_version(cluster_id)
+    if version:
+        _new_version(cluster_id)
     for rows in stored:
         rows.delete()  # nothing refers to these rows: one DELETE each
     written = 0
@@ -298,6 +302,7 @@ def _pool_count(cluster_id: int) -> int:
 def rebuild_all(cluster_ids: Iterable[int]) -> None:
     """Recompute every cluster's rows (the migration that creates the read model fills it so). The device
     rows already carry their rules' taints (ingest wrote them), and a migration may run before the rules'
-    table exists: no re-taint."""
+    table exists: no re-taint. Nor a new token: a migration may run before the tokens' table exists, and
+    the one that creates it gives every cluster a token."""
     for cid in cluster_ids:
-        refresh(cid, retaint=False)
+        refresh(cid, retaint=False, version=False)
