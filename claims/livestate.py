@@ -19,6 +19,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.db import connection
+
 from claims.devicerows import DeviceRows
 from claims.diagnosis.footprint import Footprint, GroupKey, class_names
 from claims.fleetstate import (
@@ -35,6 +37,7 @@ from claims.fleetstate import (
     shared_more_than_once,
     stored_models,
 )
+from fleet.ingest.sql import key_clauses
 
 Key = tuple[str, str]  # (namespace, name); namespace "" for cluster-scoped kinds
 # Kinds a pending claim's diagnosis reads; a template or an event never changes one.
@@ -191,9 +194,12 @@ class LiveFleet:
         out: dict[Key, Obj] = {}
         for start in range(0, len(keys), FETCH_KEYS):
             chunk = keys[start : start + FETCH_KEYS]
-            rows = model.objects.filter(cluster_id=self.cluster_id, name__in={n for _, n in chunk})
-            if namespaced:
-                rows = rows.filter(namespace__in={ns for ns, _ in chunk})
+            columns = ("namespace", "name") if namespaced else ("name",)
+            table = connection.ops.quote_name(model._meta.db_table)
+            where = list(key_clauses(columns, [k if namespaced else k[1:] for k in chunk], table))
+            rows = model.objects.filter(cluster_id=self.cluster_id).extra(
+                where=[" OR ".join(f"({w})" for w, _ in where)], params=[p for _, ps in where for p in ps]
+            )
             for obj in _stored(kind, rows, self.shared):
                 key = key_of(obj)
                 if key in wanted:

@@ -8,7 +8,7 @@ from typing import Any
 from django.db import connection, models
 
 from fleet.ingest.specs import ChildSpec, TableSpec
-from fleet.ingest.sql import IN_CHUNK, chunks, in_clauses
+from fleet.ingest.sql import IN_CHUNK, chunks, in_clauses, key_clauses
 from fleet.models import Cluster
 
 
@@ -104,8 +104,10 @@ def stored_pools(cluster: Cluster, spec: TableSpec, keys: Sequence[tuple[str, ..
     fields = ["name", "uid", *(("driver", "pool") if has_pool(spec.model) else ())]
     found: list[dict[str, Any]] = []
     manager = spec.model._default_manager
-    for chunk in chunks(sorted({k[-1] for k in wanted}), IN_CHUNK):
-        for row in manager.filter(cluster=cluster, name__in=list(chunk)).values(*spec.natural_key, *fields):
+    table = connection.ops.quote_name(spec.model._meta.db_table)
+    for where, params in key_clauses(spec.natural_key, wanted, table):
+        rows = manager.filter(cluster=cluster).extra(where=[where], params=params)
+        for row in rows.values(*spec.natural_key, *fields):
             if tuple(row[c] for c in spec.natural_key) in wanted:
                 found.append(row)
     out: set[tuple[str, str]] = set()

@@ -12,7 +12,16 @@ from django.db import connection, models
 from django.utils import timezone
 
 from fleet.ingest.specs import ChildSpec, TableSpec
-from fleet.ingest.sql import OR_CHUNK, RESOURCE_VERSION, bulk_upsert, chunks, copy_insert, dedupe, in_clauses
+from fleet.ingest.sql import (
+    OR_CHUNK,
+    RESOURCE_VERSION,
+    bulk_upsert,
+    chunks,
+    copy_insert,
+    dedupe,
+    in_clauses,
+    key_clauses,
+)
 from fleet.models import Cluster
 
 
@@ -75,13 +84,12 @@ def upsert(
 def _replaced_uids(cluster: Cluster, spec: TableSpec, records: Sequence[Any]) -> dict[tuple[str, ...], str]:
     """Natural key -> stored uid, where the batch has another uid under that key (if it gets written)."""
     new_uid = {spec.key_of(r): r.meta.uid for r in records}
-    names = sorted({r.meta.name for r in records})
     qn = connection.ops.quote_name
     cols = ", ".join(qn(c) for c in (*spec.natural_key, "uid"))
     table = qn(spec.model._meta.db_table)
     old: dict[tuple[str, ...], str] = {}
     with connection.cursor() as cur:
-        for where, params in in_clauses("name", names):
+        for where, params in key_clauses(spec.natural_key, new_uid.keys()):
             cur.execute(
                 f"SELECT {cols} FROM {table} WHERE cluster_id = %s AND {where}", [cluster.pk, *params]
             )

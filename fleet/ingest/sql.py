@@ -6,7 +6,7 @@ per statement)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any
@@ -224,18 +224,43 @@ def write_rows(model: type[models.Model], rows: list[dict[str, Any]], conflict: 
         bulk_upsert(model, rows, conflict, fence=None)
 
 
-def in_clauses(column: str, values: Sequence[Any]) -> Iterable[tuple[str, list[Any]]]:
+def in_clauses(column: str, values: Sequence[Any], alias: str = "") -> Iterable[tuple[str, list[Any]]]:
     """``column`` among ``values`` as SQL conditions and their parameters: one ``= ANY(array)`` on
     PostgreSQL (a single parameter, where an IN list of 10,000 placeholders costs psycopg tens of
     milliseconds to parse), IN lists in chunks elsewhere."""
     qn = connection.ops.quote_name
     if not values:
         return
+    col = f"{alias}.{qn(column)}" if alias else qn(column)
     if connection.vendor == "postgresql":
-        yield f"{qn(column)} = ANY(%s)", [list(values)]
+        yield f"{col} = ANY(%s)", [list(values)]
         return
     for chunk in chunks(values, IN_CHUNK):
-        yield f"{qn(column)} IN ({', '.join(['%s'] * len(chunk))})", list(chunk)
+        yield f"{col} IN ({', '.join(['%s'] * len(chunk))})", list(chunk)
+
+
+def key_clauses(
+    columns: Sequence[str], keys: Collection[tuple[str, ...]], alias: str = ""
+) -> Iterable[tuple[str, list[Any]]]:
+    """Rows whose ``columns`` (a natural key ending in the name) equal one of ``keys``, as SQL conditions
+    and their parameters. On PostgreSQL one condition on the whole key (an unnest of one array per
+    column), which the (cluster, namespace, name) index answers key by key: a condition on the name
+    alone scans every row of the cluster against the array (0.3 s per batch of 200 claims at 40,000
+    claims). Elsewhere the names in IN lists: the caller keeps the rows whose whole key it asked for."""
+    qn = connection.ops.quote_name
+    if not keys:
+        return
+    prefix = f"{alias}." if alias else ""
+    if connection.vendor == "postgresql":
+        cols = ", ".join(f"{prefix}{qn(c)}" for c in columns)
+        arrays = ", ".join("%s::text[]" for _ in columns)
+        listed = list(keys)
+        yield (
+            f"({cols}) IN (SELECT * FROM unnest({arrays}))",
+            [[k[i] for k in listed] for i in range(len(columns))],
+        )
+        return
+    yield from in_clauses(columns[-1], sorted({k[-1] for k in keys}), alias)
 
 
 def dedupe(rows: list[dict[str, Any]], key: Sequence[str], fence: str | None) -> list[dict[str, Any]]:
