@@ -116,7 +116,7 @@ class ResourceSlice(KubeObject):
             models.UniqueConstraint(fields=["cluster", "uid"], name="slice_uid"),
             models.UniqueConstraint(fields=["cluster", "name"], name="slice_name"),
         ]
-        indexes = [models.Index(fields=["cluster", "driver", "pool"], name="slice_pool")]
+        indexes = [models.Index(fields=["cluster", "pool", "driver"], name="slice_pool")]
 
 
 class Device(models.Model):
@@ -162,7 +162,7 @@ class Device(models.Model):
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["cluster", "driver", "pool", "name"], name="device_key"),
+            models.UniqueConstraint(fields=["cluster", "pool", "driver", "name"], name="device_key"),
         ]
         indexes = [
             models.Index(fields=["cluster", "model", "kind"], name="device_model"),
@@ -392,7 +392,7 @@ class DeviceAllocation(models.Model):
             )
         ]
         indexes = [
-            models.Index(fields=["cluster", "driver", "pool", "device_name"], name="allocation_device"),
+            models.Index(fields=["cluster", "pool", "driver", "device_name"], name="allocation_device"),
             models.Index(fields=["cluster", "claim_uid"], name="allocation_claim"),
         ]
 
