@@ -38,12 +38,12 @@ def slice_record(node_name, rv, gpus=2, generation=1, model="B200"):
     return normalize("ResourceSlice", obj)
 
 
-def claim_record(name, rv, devices=(), uid=None):
+def claim_record(name, rv, devices=(), uid=None, namespace="ml"):
     obj = {
         "kind": "ResourceClaim",
         "metadata": {
             "name": name,
-            "namespace": "ml",
+            "namespace": namespace,
             "uid": uid or f"uid-{name}",
             "resourceVersion": str(rv),
         },
@@ -211,6 +211,23 @@ def test_a_claim_recreated_under_its_name_drops_the_old_allocations(cluster):
     )
     assert list(DeviceAllocation.objects.values_list("claim_uid", flat=True)) == []
     assert ResourceClaim.objects.get(name="c").uid == "u2"
+
+
+def test_a_claim_recreated_in_one_namespace_leaves_its_namesake_in_another_alone(cluster):
+    # Stored objects are looked up by their whole key (namespace and name), not by name alone.
+    ingest.apply_batch(
+        cluster,
+        "ResourceClaim",
+        upserts(
+            claim_record("c", 5, devices=[("p", "gpu-0")], uid="ml-1"),
+            claim_record("c", 6, devices=[("p", "gpu-1")], uid="web-1", namespace="web"),
+        ),
+    )
+    ingest.apply_batch(cluster, "ResourceClaim", upserts(claim_record("c", 7, uid="ml-2")))
+    assert sorted(ResourceClaim.objects.values_list("namespace", "uid")) == [("ml", "ml-2"), ("web", "web-1")]
+    assert list(DeviceAllocation.objects.values_list("claim_uid", "device_name")) == [("web-1", "gpu-1")]
+    lifecycles = dict(ClaimLifecycle.objects.values_list("uid", "deleted_at"))
+    assert lifecycles["ml-1"] is not None and lifecycles["web-1"] is None
 
 
 def test_a_device_keeps_its_newest_pool_generation_whatever_the_slice_order(cluster):
