@@ -19,8 +19,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db import connection
-
 from claims.devicerows import DeviceRows
 from claims.diagnosis.footprint import Footprint, GroupKey, class_names
 from claims.fleetstate import (
@@ -192,18 +190,15 @@ class LiveFleet:
         namespaced = any(f.name == "namespace" for f in model._meta.fields)
         wanted = set(keys)
         out: dict[Key, Obj] = {}
+        columns = ("namespace", "name") if namespaced else ("name",)
+        stored = model.objects.filter(cluster_id=self.cluster_id)
         for start in range(0, len(keys), FETCH_KEYS):
             chunk = keys[start : start + FETCH_KEYS]
-            columns = ("namespace", "name") if namespaced else ("name",)
-            table = connection.ops.quote_name(model._meta.db_table)
-            where = list(key_clauses(columns, [k if namespaced else k[1:] for k in chunk], table))
-            rows = model.objects.filter(cluster_id=self.cluster_id).extra(
-                where=[" OR ".join(f"({w})" for w, _ in where)], params=[p for _, ps in where for p in ps]
-            )
-            for obj in _stored(kind, rows, self.shared):
-                key = key_of(obj)
-                if key in wanted:
-                    out[key] = obj
+            for where, params in key_clauses(columns, [k if namespaced else k[1:] for k in chunk]):
+                for obj in _stored(kind, stored.extra(where=[where], params=params), self.shared):
+                    key = key_of(obj)
+                    if key in wanted:
+                        out[key] = obj
         return out
 
     def state(self) -> FleetState:

@@ -104,8 +104,7 @@ def stored_pools(cluster: Cluster, spec: TableSpec, keys: Sequence[tuple[str, ..
     fields = ["name", "uid", *(("driver", "pool") if has_pool(spec.model) else ())]
     found: list[dict[str, Any]] = []
     manager = spec.model._default_manager
-    table = connection.ops.quote_name(spec.model._meta.db_table)
-    for where, params in key_clauses(spec.natural_key, wanted, table):
+    for where, params in key_clauses(spec.natural_key, wanted):
         rows = manager.filter(cluster=cluster).extra(where=[where], params=params)
         for row in rows.values(*spec.natural_key, *fields):
             if tuple(row[c] for c in spec.natural_key) in wanted:

@@ -224,24 +224,21 @@ def write_rows(model: type[models.Model], rows: list[dict[str, Any]], conflict: 
         bulk_upsert(model, rows, conflict, fence=None)
 
 
-def in_clauses(column: str, values: Sequence[Any], alias: str = "") -> Iterable[tuple[str, list[Any]]]:
+def in_clauses(column: str, values: Sequence[Any]) -> Iterable[tuple[str, list[Any]]]:
     """``column`` among ``values`` as SQL conditions and their parameters: one ``= ANY(array)`` on
     PostgreSQL (a single parameter, where an IN list of 10,000 placeholders costs psycopg tens of
     milliseconds to parse), IN lists in chunks elsewhere."""
     qn = connection.ops.quote_name
     if not values:
         return
-    col = f"{alias}.{qn(column)}" if alias else qn(column)
     if connection.vendor == "postgresql":
-        yield f"{col} = ANY(%s)", [list(values)]
+        yield f"{qn(column)} = ANY(%s)", [list(values)]
         return
     for chunk in chunks(values, IN_CHUNK):
-        yield f"{col} IN ({', '.join(['%s'] * len(chunk))})", list(chunk)
+        yield f"{qn(column)} IN ({', '.join(['%s'] * len(chunk))})", list(chunk)
 
 
-def key_clauses(
-    columns: Sequence[str], keys: Collection[tuple[str, ...]], alias: str = ""
-) -> Iterable[tuple[str, list[Any]]]:
+def key_clauses(columns: Sequence[str], keys: Collection[tuple[str, ...]]) -> Iterable[tuple[str, list[Any]]]:
     """Rows whose ``columns`` (a natural key ending in the name) equal one of ``keys``, as SQL conditions
     and their parameters. On PostgreSQL one condition on the whole key (an unnest of one array per
     column), which the (cluster, namespace, name) index answers key by key: a condition on the name
@@ -250,9 +247,8 @@ def key_clauses(
     qn = connection.ops.quote_name
     if not keys:
         return
-    prefix = f"{alias}." if alias else ""
     if connection.vendor == "postgresql":
-        cols = ", ".join(f"{prefix}{qn(c)}" for c in columns)
+        cols = ", ".join(qn(c) for c in columns)
         arrays = ", ".join("%s::text[]" for _ in columns)
         listed = list(keys)
         yield (
@@ -260,7 +256,7 @@ def key_clauses(
             [[k[i] for k in listed] for i in range(len(columns))],
         )
         return
-    yield from in_clauses(columns[-1], sorted({k[-1] for k in keys}), alias)
+    yield from in_clauses(columns[-1], sorted({k[-1] for k in keys}))
 
 
 def dedupe(rows: list[dict[str, Any]], key: Sequence[str], fence: str | None) -> list[dict[str, Any]]:
