@@ -43,7 +43,13 @@ def apply_batch(
         locks.stream_lock(cluster, kind, exclusive=False)
         result = BatchResult(kind)
         touched = [*upserts, *deletes]
-        pools = pool_discovery.child_pools(cluster, spec, touched)  # the rows about to be replaced or deleted
+        # The rows about to be replaced or deleted: their pools, or for claims the devices they hold (who
+        # holds a device moves only its GPU's read-model rows, not its pool's).
+        held = pool_discovery.names_devices(spec)
+        devices = pool_discovery.child_devices(cluster, spec, touched) if held else set()
+        pools = (
+            {(d, p) for d, p, _ in devices} if held else pool_discovery.child_pools(cluster, spec, touched)
+        )
         result.written = rows.upsert(cluster, spec, upserts, observed_at)
         result.stale = len(upserts) - len(result.written)
         result.deleted = rows.delete(cluster, spec, deletes, observed_at)
@@ -53,13 +59,18 @@ def apply_batch(
             spec.model, len(result.written) + len(result.deleted), tables_of(spec)
         )
         # ... and those written in their place (nothing written or deleted: no event, no pools needed)
-        after = pool_discovery.child_pools(cluster, spec, touched) if result.changed else set()
-        result.pools = None if pools is None or after is None else pools | after
+        after: set[tuple[str, str]] = set()
+        if result.changed and held:
+            devices |= pool_discovery.child_devices(cluster, spec, touched)
+            after = {(d, p) for d, p, _ in devices}
+        elif result.changed:
+            after = pool_discovery.child_pools(cluster, spec, touched)
+        result.pools = pools | after
         refreshed = False
         if result.changed and pool_discovery.pooled(spec):
-            # The per-GPU read model of the pools whose devices or allocations the batch changed.
-            names = None if result.pools is None else {p for _, p in result.pools}
-            refreshed = gpu_state.update(cluster.pk, names)
+            # The per-GPU read model of the pools whose devices, or of the devices whose holders, changed.
+            names = {p for _, p in result.pools}
+            refreshed = gpu_state.update(cluster.pk, names, devices if held else None)
         if cursor:
             cursors.save_cursor(cluster, kind, cursor, forward_only=True)
         events.publish_on_commit(cluster, result)

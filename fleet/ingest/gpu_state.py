@@ -25,13 +25,14 @@ from django.db.models.functions import Cast
 
 from fleet import counts, heatmap, selectors
 from fleet.ingest import locks, rule_taints, statistics
-from fleet.ingest.sql import write_rows
+from fleet.ingest.sql import in_clauses, write_rows
 from fleet.models import Device, DeviceGroupState, GpuState, ReadModelVersion, ResourceSlice
 from fleet.normalize import FULL_GPU_SLICES
 from fleet.selectors import CounterSets, DeviceKey, Holder
 
 DEVICE_FIELDS = (*selectors.SUMMARY_FIELDS, "node_name", "gpu_minor", "taints", "product_name")
 READ_MODEL = (GpuState, DeviceGroupState)
+DeviceName = tuple[str, str, str]  # driver, pool, device name
 
 
 def rows_of(
@@ -137,6 +138,41 @@ def _key(d: Mapping[str, Any]) -> DeviceKey:
     return (d["cluster_id"], d["driver"], d["pool"], d["name"])
 
 
+def units_moved_by(
+    devices: Sequence[Mapping[str, Any]], changed: Collection[DeviceKey]
+) -> list[Mapping[str, Any]]:
+    """Of some pools' current devices, those of the units (:func:`counts.unit_key`) whose rows a change of
+    who holds the ``changed`` devices can move: their own units, and every unit with a device drawing on a
+    counter set one of those draws on (the counter rule blocks or frees it). Closed under both, so every
+    device returned comes with all devices that share a counter set with it, as :func:`rows_of` needs.
+    Pure. A GPU's partitions draw on its own counter set, so a claim's change moves the GPUs it held."""
+    by_unit: dict[counts.UnitKey, list[Mapping[str, Any]]] = {}
+    by_set: dict[tuple[str, str, str], list[Mapping[str, Any]]] = {}
+    for d in devices:
+        by_unit.setdefault(counts.unit_key(d), []).append(d)
+        for consumption in d["counters_consumed"]:
+            by_set.setdefault(_counter_set(d, consumption), []).append(d)
+    units: set[counts.UnitKey] = set()
+    sets: set[tuple[str, str, str]] = set()
+    todo = [d for d in devices if _key(d) in changed]
+    while todo:
+        d = todo.pop()
+        unit = counts.unit_key(d)
+        if unit not in units:
+            units.add(unit)
+            todo.extend(by_unit[unit])
+        for consumption in d["counters_consumed"]:
+            counter_set = _counter_set(d, consumption)
+            if counter_set not in sets:
+                sets.add(counter_set)
+                todo.extend(by_set[counter_set])
+    return [d for d in devices if counts.unit_key(d) in units]
+
+
+def _counter_set(d: Mapping[str, Any], consumption: Mapping[str, Any]) -> tuple[str, str, str]:
+    return (d["driver"], d["pool"], str(consumption.get("counterSet")))
+
+
 def _device_dicts(devices: QuerySet[Device]) -> list[dict[str, Any]]:
     """Device dicts with :data:`DEVICE_FIELDS`; the JSON columns are read as text and decoded by orjson,
     only where not empty (Django's per-value stdlib decoding was a third of a large refresh)."""
@@ -155,17 +191,29 @@ _JSON_FIELDS = ("counters_consumed", "taints")
 
 
 def refresh(
-    cluster_id: int, pools: Collection[str] | None = None, *, retaint: bool = True, version: bool = True
+    cluster_id: int,
+    pools: Collection[str] | None = None,
+    *,
+    held: Collection[DeviceName] | None = None,
+    retaint: bool = True,
+    version: bool = True,
 ) -> int:
     """Recompute the read model's rows of ``pools`` (pool names, every driver) of a cluster, or of the
     whole cluster with ``None``, from the stored devices and allocations; returns the GPU rows written.
     Call inside the ingest transaction that changed them. A constant number of statements per batch of
     pools (one batch unless a whole large cluster is recomputed, see :func:`_pool_batches`).
 
+    With ``held`` (devices whose holders alone changed, all in ``pools``: a claim batch's), only the rows
+    of the units they move are recomputed (:func:`units_moved_by`): a claim on one GPU of an eight-GPU
+    node rewrites one GPU's rows, not eight.
+
     First the DeviceTaintRules' taints of the pools' devices are brought up to date (``retaint``; a batch
     may have rewritten device rows with their published taints only). With ``version`` the cluster gets a
     new :class:`ReadModelVersion` token, which the readers' caches compare."""
     locks.read_model_lock(cluster_id)
+    if held is not None and pools is not None:
+        # No re-taint: who holds a device changes none of its attributes, which the rules select on.
+        return _refresh_units(cluster_id, sorted(set(pools)), held, version)
     if retaint:
         rule_taints.retaint(cluster_id, pools)
     stored = [m.objects.filter(cluster_id=cluster_id) for m in READ_MODEL]
@@ -177,8 +225,7 @@ def refresh(
             return 0
         stored = [rows.filter(pool__in=names) for rows in stored]
         batches = [names]
-    # After the lock: the recomputes of a cluster get increasing revisions in the order they commit.
-    revision = (GpuState.objects.filter(cluster_id=cluster_id).aggregate(r=Max("revision"))["r"] or 0) + 1
+    revision = _next_revision(cluster_id)
     if version:
         _new_version(cluster_id)
     for rows in stored:
@@ -192,6 +239,39 @@ def refresh(
         write_rows(DeviceGroupState, groups)
         written += len(gpus)
     return written
+
+
+def _refresh_units(cluster_id: int, names: list[str], held: Collection[DeviceName], version: bool) -> int:
+    """:func:`refresh` of the units ``held`` moves, in the pools ``names``."""
+    current, counter_sets = _current_of_pools(cluster_id, names)
+    moved = units_moved_by(current, {(cluster_id, *d) for d in held})
+    if not moved:
+        return 0
+    units = sorted({counts.unit_key(d)[1] for d in moved})
+    gpus, groups = rows_of(moved, selectors.allocation_holders([cluster_id], pools=names), counter_sets)
+    revision = _next_revision(cluster_id)
+    if version:
+        _new_version(cluster_id)
+    uuids = [unit.removeprefix("gpu:") for unit in units if unit.startswith("gpu:")]
+    for where, params in in_clauses("gpu_uuid", uuids):
+        GpuState.objects.filter(cluster_id=cluster_id, pool__in=names).extra(
+            where=[where], params=params
+        ).delete()
+    for where, params in in_clauses("unit", units):
+        DeviceGroupState.objects.filter(cluster_id=cluster_id, pool__in=names).extra(
+            where=[where], params=params
+        ).delete()
+    for gpu in gpus:
+        gpu["revision"] = revision
+    write_rows(GpuState, gpus)
+    write_rows(DeviceGroupState, groups)
+    return len(gpus)
+
+
+def _next_revision(cluster_id: int) -> int:
+    """After the read-model lock: the recomputes of a cluster get increasing revisions in the order they
+    commit."""
+    return (GpuState.objects.filter(cluster_id=cluster_id).aggregate(r=Max("revision"))["r"] or 0) + 1
 
 
 def _new_version(cluster_id: int) -> None:
@@ -208,14 +288,19 @@ def _rows_of_pools(
     cluster_id: int, names: list[str] | None
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """:func:`rows_of` for some pools of a cluster (every pool with ``None``), read from the database."""
+    current, counter_sets = _current_of_pools(cluster_id, names)
+    holders = selectors.allocation_holders([cluster_id], pools=names)
+    return rows_of(current, holders, counter_sets)
+
+
+def _current_of_pools(cluster_id: int, names: list[str] | None) -> tuple[list[dict[str, Any]], CounterSets]:
+    """The current devices (:data:`DEVICE_FIELDS`) and counter sets of some pools (every pool with None)."""
     slices = ResourceSlice.objects.filter(cluster_id=cluster_id)
     devices = Device.objects.filter(cluster_id=cluster_id)
     if names is not None:
         slices, devices = slices.filter(pool__in=names), devices.filter(pool__in=names)
     newest, counter_sets = selectors.newest_generations(slices)
-    current = selectors.of_newest(_device_dicts(devices), newest)
-    holders = selectors.allocation_holders([cluster_id], pools=names)
-    return rows_of(current, holders, counter_sets)
+    return selectors.of_newest(_device_dicts(devices), newest), counter_sets
 
 
 def _pool_batches(cluster_id: int) -> list[list[str] | None]:
@@ -252,13 +337,16 @@ REFRESH_DEVICES = 120_000
 _deferred: ContextVar[dict[int, set[str] | None] | None] = ContextVar("read_model_deferred", default=None)
 
 
-def update(cluster_id: int, pools: Collection[str] | None) -> bool:
+def update(
+    cluster_id: int, pools: Collection[str] | None, held: Collection[DeviceName] | None = None
+) -> bool:
     """What a batch calls after writing devices or allocations of ``pools`` (None: anywhere in the
-    cluster): the rows are recomputed now, or noted for the end of the enclosing :func:`one_refresh`.
-    True when recomputed now."""
+    cluster), or only the holders of the devices ``held`` (in ``pools``): the rows are recomputed now, or
+    noted for the end of the enclosing :func:`one_refresh` (which recomputes whole pools). True when
+    recomputed now."""
     pending = _deferred.get()
     if pending is None:
-        refresh(cluster_id, pools)
+        refresh(cluster_id, pools, held=held)
         return True
     if cluster_id in pending and pending[cluster_id] is None:
         return False

@@ -141,6 +141,77 @@ def test_a_batch_rewrites_only_the_rows_of_the_pools_it_touched(editor):
     assert rewritten == {target["spec"]["pool"]["name"]}
 
 
+def held_gpus(claim: dict[str, Any]) -> set[tuple[str, str]]:
+    """(pool, GPU uuid) of the devices a claim's allocation names."""
+    results = claim["status"]["allocation"]["devices"]["results"]
+    return {
+        (pool, uuid)
+        for pool, name, uuid in Device.objects.values_list("pool", "name", "gpu_uuid")
+        if uuid and any((r["pool"], r["device"]) == (pool, name) for r in results)
+    }
+
+
+def test_a_claim_batch_rewrites_only_the_rows_of_the_gpus_it_held(editor):
+    # A claim holding one GPU of an eight-GPU node: only that GPU's row is recomputed, not its pool's.
+    claim = next(
+        c
+        for c in editor.allocated_claims()
+        if len(held_gpus(c)) == 1 and GpuState.objects.filter(pool=next(iter(held_gpus(c)))[0]).count() > 1
+    )
+    before = {(g.pool, g.gpu_uuid): g.pk for g in GpuState.objects.all()}
+    editor.deallocate(claim)
+    after = {(g.pool, g.gpu_uuid): g.pk for g in GpuState.objects.all()}
+    assert after.keys() == before.keys()
+    assert {key for key in after if after[key] != before[key]} == held_gpus(claim)
+    assert_read_model_is_current(editor.cluster.pk)
+    editor.upsert("ResourceClaim", claim)  # allocated again
+    assert_read_model_is_current(editor.cluster.pk)
+
+
+def test_freeing_a_dynamic_partition_recomputes_its_gpu_and_unblocks_its_siblings(editor):
+    # The fixture's dynamic-MIG pool: a 3g partition of gpu-1 is allocated, which blocks the full gpu-1.
+    claim = next(
+        c for c in editor.objects["ResourceClaim"] if c["metadata"]["name"] == "summarize-0-mig-w4crn"
+    )
+    (gpu,) = held_gpus(claim)
+    row = GpuState.objects.get(pool=gpu[0], gpu_uuid=gpu[1])
+    assert row.counter_blocked and row.devices_allocated == 2  # with summarize-1's 1g partition
+    others = {g.gpu_uuid: g.pk for g in GpuState.objects.filter(pool=gpu[0]).exclude(gpu_uuid=gpu[1])}
+    editor.deallocate(claim)
+    row = GpuState.objects.get(pool=gpu[0], gpu_uuid=gpu[1])
+    assert row.devices_allocated == 1
+    assert {g.gpu_uuid: g.pk for g in GpuState.objects.filter(pool=gpu[0]).exclude(gpu_uuid=gpu[1])} == others
+    assert_read_model_is_current(editor.cluster.pk)
+
+
+def test_a_holder_change_recomputes_every_gpu_sharing_a_counter_set_with_its_devices():
+    # Counter sets may span GPUs: A and B draw on "s", B and C on "t", D on its own. Allocating a device of
+    # A can block B's (through "s"), and B's rows need all of "t"'s users, so A, B and C are recomputed.
+    def device(name: str, gpu: str, *sets: str) -> dict[str, Any]:
+        d = counter_device(name, "mig", 1, 1, "1g.10gb")
+        d["gpu_uuid"] = gpu
+        d["counters_consumed"] = [{"counterSet": s, "counters": {"memory": {"value": "1"}}} for s in sets]
+        return d
+
+    devices = [device("a0", "A", "s"), device("b0", "B", "s", "t"), device("b1", "B", "u"),
+               device("c0", "C", "t"), device("d0", "D", "v")]  # fmt: skip
+    changed = {(1, "gpu.nvidia.com", "node-a", "a0")}
+    moved = gpu_state.units_moved_by(devices, changed)
+    assert [d["name"] for d in moved] == ["a0", "b0", "b1", "c0"]
+    assert [
+        d["name"] for d in gpu_state.units_moved_by(devices, {(1, "gpu.nvidia.com", "node-a", "d0")})
+    ] == ["d0"]
+    assert gpu_state.units_moved_by(devices, {(1, "gpu.nvidia.com", "node-a", "gone")}) == []
+    # The moved units' rows are those a recompute of the whole pool gives them.
+    holders = {next(iter(changed)): [Holder("team", "train", "allocated")]}
+    counter_sets = {(1, "gpu.nvidia.com", "node-a"): {s: {"memory": 1} for s in "stuv"}}
+    whole_gpus, whole_groups = gpu_state.rows_of(devices, holders, counter_sets)
+    gpus, groups = gpu_state.rows_of(moved, holders, counter_sets)
+    assert gpus == [g for g in whole_gpus if g["gpu_uuid"] != "D"]
+    assert groups == [g for g in whole_groups if g["unit"] != "gpu:D"]
+    assert next(g for g in gpus if g["gpu_uuid"] == "B")["partitions_unavailable"] == 1  # b0, through "s"
+
+
 def counter_device(name: str, kind: str, slices: int, memory: int, profile: str = "") -> dict[str, Any]:
     return {
         "cluster_id": 1, "driver": "gpu.nvidia.com", "pool": "node-a", "name": name, "model": "B200",
