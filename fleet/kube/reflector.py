@@ -3,7 +3,9 @@
 The reflector is independent of where objects come from (see :mod:`fleet.kube.source`). Events are read by
 a small reader thread into a queue so that a batch is flushed after ``batch_size`` events or
 ``flush_interval`` seconds, whichever comes first, even while the source blocks waiting for more; the cursor
-(last resourceVersion) is saved in the same transaction as each batch. Faults:
+(last resourceVersion) is saved in the same transaction as each batch. The interval runs from when the
+reader received the batch's first event: events that queued while the previous batch was applied have
+waited already, so they are applied as soon as the queue is drained. Faults:
 
 - 410 Gone: relist and replace (objects missing from the list are deleted);
 - other source errors: exponential backoff with jitter, from ``backoff_min`` to ``backoff_max`` seconds;
@@ -60,12 +62,14 @@ class Reflector:
         source: Source,
         config: StreamConfig | None = None,
         sleep: Callable[[float], Any] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.cluster = cluster
         self.kind = kind
         self.source = source
         self.config = config or StreamConfig()
         self.sleep = sleep
+        self.clock = clock  # of the batching window and the idle timeout (tests move it)
         self.events_applied = 0
 
     # ----------------------------------------------------------------------------------------- cursor
@@ -113,17 +117,17 @@ class Reflector:
         last_rv = resource_version
         pending: list[ingest.Change] = []
         pending_rv = resource_version
-        last_seen = time.monotonic()
+        last_seen = self.clock()
         flush_at: float | None = None
         # On an early exit the reader thread may still block in the source until the server ends the
         # watch (at most watch_timeout); it is a daemon holding no database connection.
         while not stop.is_set():
-            timeout = self.config.idle_timeout if flush_at is None else max(0.0, flush_at - time.monotonic())
+            timeout = self.config.idle_timeout if flush_at is None else max(0.0, flush_at - self.clock())
             try:
                 item = events.get(timeout=min(timeout, 1.0))
             except queue.Empty:
                 item = None
-            now = time.monotonic()
+            now = self.clock()
             if item is None:
                 if flush_at is not None and now >= flush_at:
                     last_rv = self._flush(pending, pending_rv)
@@ -136,7 +140,8 @@ class Reflector:
             try:
                 if isinstance(item, BaseException):
                     raise item
-                change, rv = self._change(item)
+                arrived, event = item
+                change, rv = self._change(event)
             except BaseException:
                 # Keep what arrived before the fault: those events are valid and the cursor follows them.
                 if pending:
@@ -148,7 +153,7 @@ class Reflector:
             if change is not None:
                 pending.append(change)
             if flush_at is None:
-                flush_at = now + self.config.flush_interval
+                flush_at = arrived + self.config.flush_interval
             if len(pending) >= self.config.batch_size:
                 last_rv = self._flush(pending, pending_rv)
                 pending, flush_at = [], None
@@ -161,7 +166,7 @@ class Reflector:
             for event in iterator:
                 if stop.is_set():
                     break
-                events.put(event)
+                events.put((self.clock(), event))
         except BaseException as exc:  # handed to the applying thread, which decides what it means
             events.put(exc)
         else:

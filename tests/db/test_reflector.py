@@ -3,6 +3,7 @@
 import copy
 import logging
 import threading
+import time
 
 import pytest
 
@@ -158,3 +159,72 @@ def test_a_late_writer_never_moves_the_cursor_back_but_a_relist_sets_it(cluster)
     assert WatchCursor.objects.get(cluster=cluster, kind="Node").resource_version == 500
     ingest.replace_all(cluster, "Node", [], 30)  # a relist after a 410: the history may have restarted
     assert WatchCursor.objects.get(cluster=cluster, kind="Node").resource_version == 30
+
+
+class GatedSource:
+    """A watch of two Node events: the second only once the test lets it go, then the end once told."""
+
+    def __init__(self) -> None:
+        self.first = threading.Event()  # the reflector's reader holds the first event
+        self.second = threading.Event()
+        self.queued = threading.Event()  # ... and the second
+        self.end = threading.Event()
+
+    def watch(self, kind, resource_version, timeout_seconds=None):
+        yield {"type": "ADDED", "object": self.node("node-a", "1")}
+        self.first.set()  # asked for the next event: the first is in the reader's queue
+        self.second.wait(10)
+        yield {"type": "ADDED", "object": self.node("node-b", "2")}
+        self.queued.set()
+        self.end.wait(10)
+
+    @staticmethod
+    def node(name, resource_version):
+        obj = nvidia.node_object(name, "H100")
+        obj["metadata"]["resourceVersion"] = resource_version
+        return obj
+
+
+def test_events_that_waited_through_a_batch_are_applied_without_a_window_of_their_own(cluster):
+    # A batch window of 30 s on a clock the test moves. The first event's window passes (the clock jumps);
+    # while its batch is applied the second event arrives, and the apply takes another 31 s of the clock.
+    # The second event then waited longer than a window already: it is applied as soon as it is read,
+    # not 30 s after (the window runs from when the reader received an event, not from when the batch
+    # loop got to it).
+    offset = [0.0]
+    source = GatedSource()
+    reflector = Reflector(
+        cluster,
+        "Node",
+        source,
+        StreamConfig(flush_interval=30.0, idle_timeout=300.0),
+        clock=lambda: time.monotonic() + offset[0],
+    )
+    applied: list[list[str]] = []
+    stop = threading.Event()
+    late: list[bool] = []  # per batch: applied only because the watch was being stopped
+
+    def flush(changes, resource_version):
+        applied.append([c.record.meta.name for c in changes])
+        late.append(stop.is_set())
+        if len(applied) == 1:
+            source.second.set()
+            assert source.queued.wait(10)
+            offset[0] += 31.0
+        else:
+            stop.set()
+            source.end.set()
+        return resource_version
+
+    def first_window_passes():
+        source.first.wait(10)
+        offset[0] = 31.0
+
+    reflector._flush = flush  # type: ignore[method-assign]
+    mover = threading.Thread(target=first_window_passes, daemon=True)
+    mover.start()
+    threading.Timer(10, stop.set).start()  # the second event's 30-s window would end the test here
+    reflector.watch(0, stop)
+    mover.join(10)
+    assert applied == [["node-a"], ["node-b"]]
+    assert late == [False, False]
