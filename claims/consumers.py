@@ -21,13 +21,15 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 
 from claims.selectors import QueryError, parse_pending_query
-from web.sockets import BAD_QUERY, SESSION_ENDED, SessionBoundConsumer
+from web.sockets import BAD_QUERY, SESSION_ENDED, SessionBoundConsumer, after_window
 
 log = logging.getLogger(__name__)
 PENDING_GROUP = "claims-pending"
 BAD_REQUEST = BAD_QUERY  # 4400: a bad query-string parameter
 UNAUTHORIZED = SESSION_ENDED  # 4401: not logged in, or the session ended (logout)
-BATCH_SECONDS = 0.5  # changes inside this window coalesce into one message
+# At most one message starts per this window: a change after a quiet window is told at once, the changes
+# within the window after a message coalesce into the next (each message makes open pages refetch rows).
+BATCH_SECONDS = 0.5
 # Kinds whose ingest changes can add, remove or re-diagnose a pending row.
 RELEVANT_KINDS = frozenset({"ResourceClaim", "Pod", "ResourceClaimTemplate", "Event"})
 
@@ -39,6 +41,7 @@ class PendingConsumer(SessionBoundConsumer, AsyncJsonWebsocketConsumer):
     version = 0
     dirty: set[str]
     flusher: asyncio.Task[None] | None = None
+    flushed_at = float("-inf")  # when the last message started (the event loop's clock)
 
     async def connect(self) -> None:
         query = await self.open_with(parse_pending_query, (QueryError,))
@@ -75,7 +78,7 @@ class PendingConsumer(SessionBoundConsumer, AsyncJsonWebsocketConsumer):
 
     async def _flush_later(self) -> None:
         try:
-            await asyncio.sleep(BATCH_SECONDS)
+            self.flushed_at = await after_window(self.flushed_at, BATCH_SECONDS)
         finally:
             self.flusher = None
         clusters, self.dirty = sorted(self.dirty), set()

@@ -1,7 +1,8 @@
 """The ``/ws/fleet/`` consumer: authenticate, subscribe to fleet changes, forward versioned messages.
 
-The snapshot/delta logic is :class:`fleet.feed.FleetFeed`; this only moves messages. Deltas are flushed at
-most once per ``fleet_feed.BATCH_SECONDS``: change events inside that window coalesce into one message.
+The snapshot/delta logic is :class:`fleet.feed.FleetFeed`; this only moves messages. Deltas start at most
+once per ``fleet_feed.BATCH_SECONDS``: a change after a quiet window goes out at once, and the change events
+that arrive within the window after a delta coalesce into the next one.
 While connected, the consumer counts as a listener of the process-wide GPU cache: every change event it
 receives goes to :meth:`fleet.feed.FleetFeed.mark`, which passes the pools it names to the cache, so the
 cache re-reads those pools only instead of checking every pool of the fleet.
@@ -29,7 +30,7 @@ from django.db import DatabaseError, close_old_connections
 from fleet import feed as fleet_feed
 from fleet.access.visibility import Visibility, redact_heatmap_rows, visibility_for
 from fleet.filters import FilterError, parse_filters
-from web.sockets import BAD_QUERY, SESSION_ENDED, SessionBoundConsumer
+from web.sockets import BAD_QUERY, SESSION_ENDED, SessionBoundConsumer, after_window
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,7 @@ class FleetConsumer(SessionBoundConsumer, AsyncJsonWebsocketConsumer):
 
     feed: fleet_feed.FleetFeed
     flusher: asyncio.Task[None] | None = None
+    flushed_at = float("-inf")  # when the last delta started (the event loop's clock)
     listening = False  # counted among the GPU cache's listeners (see fleet.feed.GpuCache.listen)
     lock: asyncio.Lock
     vis: Visibility
@@ -107,13 +109,13 @@ class FleetConsumer(SessionBoundConsumer, AsyncJsonWebsocketConsumer):
 
     async def fleet_change(self, event: dict[str, Any]) -> None:
         """A committed ingest batch: mark it (its pools in the shared cache, its cluster for this client),
-        and flush within the batching window."""
+        and flush it now, or at the end of the window of the last delta."""
         if self.feed.mark(event) and self.flusher is None:
             self.flusher = asyncio.ensure_future(self._flush_later())
 
     async def _flush_later(self) -> None:
         try:
-            await asyncio.sleep(fleet_feed.BATCH_SECONDS)
+            self.flushed_at = await after_window(self.flushed_at, fleet_feed.BATCH_SECONDS)
         finally:
             self.flusher = None
         try:

@@ -41,9 +41,9 @@ log = logging.getLogger(__name__)
 # Kinds whose changes can move a heatmap cell: slices (devices, taints), claims (allocations), nodes (labels),
 # DeviceTaintRules (taints).
 RELEVANT_KINDS = frozenset({"ResourceSlice", "ResourceClaim", "Node", "DeviceTaintRule"})
-# At most one delta message per this interval. With a refresh that reads only the changed pools (tens of
-# milliseconds for a 500-event/s churn on the L fleet, bench/README.md) a shorter window costs little and
-# is a quarter of a second off every change's latency; events inside it still coalesce.
+# At most one delta message starts per this interval (fleet.consumers): a change after a quiet interval
+# goes out at once, those within the interval after a delta coalesce into the next. A refresh reads only
+# the changed pools (tens of milliseconds for a 500-event/s churn on the L fleet, bench/README.md).
 BATCH_SECONDS = 0.25
 # Events name the pools they changed; a full version check (a grouped query over every pool of a cluster,
 # what each refresh cost before: ~0.5 s on the L fleet under load) this often catches what a lost event

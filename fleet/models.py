@@ -540,7 +540,8 @@ class GpuState(models.Model):
     PostgreSQL, instead of judging every device on each request.
 
     Written only by ``fleet.ingest.gpu_state``, in the same transaction as the devices and allocations it
-    derives from (recomputed per touched pool; a GPU's devices are published in one pool).
+    derives from (recomputed per touched pool, or per held GPU for a claim batch; a GPU's devices are
+    published in one pool).
     """
 
     cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE)

@@ -15,6 +15,17 @@ from redis.exceptions import RedisError
 log = logging.getLogger("claimscope.security")
 
 
+async def after_window(started: float, window: float) -> float:
+    """Wait until ``window`` seconds after ``started`` (the event loop's clock: when the last message of a
+    throttled stream started), and return the time then. A message after a quiet window goes out at once;
+    what comes within the window after one waits for its end, and what arrives meanwhile coalesces."""
+    loop = asyncio.get_running_loop()
+    wait = started + window - loop.time()
+    if wait > 0:
+        await asyncio.sleep(wait)
+    return loop.time()
+
+
 def session_group(session_key: str | None, user_id: Any) -> str:
     """The channel-layer group of the websockets opened with one login session (by user when the
     connection has no session). Group names allow ASCII letters, digits, ``-``, ``_`` and ``.``; session keys

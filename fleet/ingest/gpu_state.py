@@ -3,8 +3,10 @@
 Called by :mod:`fleet.ingest.apply` inside the transaction of every batch that wrote or deleted devices or
 allocations, with the pools the batch touched: those pools' rows are recomputed from their current
 devices and allocations (a pool is the unit because the dynamic-MIG counter rule and the newest
-generation are per pool, and a GPU's devices are published in one pool). A relist recomputes the pools of
-what it wrote or deleted; an initial sync, the whole cluster. Several batches applied in one transaction
+generation are per pool, and a GPU's devices are published in one pool). A claim batch changes only who
+holds some devices: it recomputes the GPUs of those devices (and of devices sharing a counter set with
+them), see :func:`units_moved_by`. A relist recomputes the pools of what it wrote or deleted; an initial
+sync, the whole cluster. Several batches applied in one transaction
 (an import: every kind of a snapshot) recompute once, at the end, under :func:`one_refresh`.
 The rows come from :func:`rows_of`, a pure function over the same inputs the per-device counts read, so
 the read model counts by :mod:`fleet.counts`' rules only.
@@ -42,8 +44,9 @@ def rows_of(
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The read model's rows (GpuState's, DeviceGroupState's, as column dicts) of some pools' current
     devices (dicts with :data:`DEVICE_FIELDS`), the claims holding them (:func:`selectors.allocation_holders`)
-    and the pools' counter sets. Pure; precondition: every pool of ``devices`` is complete (all its current
-    devices and their holders and counter sets are given), since the counter rule is per pool."""
+    and the pools' counter sets. Pure; precondition: ``devices`` come with every device sharing a counter
+    set with one of them and every device of their units (whole pools are; :func:`units_moved_by` keeps
+    that), with their holders and counter sets, since the counter rule spans a counter set."""
     allocated = set(holders)
     blocked = selectors.unavailable_devices(list(devices), allocated, counter_sets)  # type: ignore[arg-type]
     shown_blocked = heatmap.shown_blocked(devices, allocated, blocked)

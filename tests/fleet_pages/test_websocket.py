@@ -131,19 +131,27 @@ def test_a_feed_connection_the_server_dropped_is_replaced(session_cookie):
 
 
 @run_async
-async def test_several_batches_within_the_window_arrive_as_one_delta(session_cookie):
+async def test_a_change_goes_out_at_once_and_batches_within_the_window_after_it_as_one_delta(
+    session_cookie, monkeypatch
+):
+    # A window long enough that the three batches below surely fall inside it.
+    monkeypatch.setattr(feed, "BATCH_SECONDS", 5.0)
     ws = WebsocketCommunicator(application, "/ws/fleet/", headers=[ORIGIN, session_cookie])
     await ws.connect()
     await ws.receive_json_from(timeout=10)
 
-    def three_batches():
+    def batches(start, stop):
         editor = FleetEditor()
-        for claim in editor.allocated_claims()[:3]:
+        for claim in editor.allocated_claims()[start:stop]:
             editor.deallocate(claim)
 
-    await database_sync_to_async(three_batches)()
-    delta = await ws.receive_json_from(timeout=10)
-    assert delta["version"] == 2
+    await database_sync_to_async(batches)(0, 1)
+    # Within 4 s, so not held for the 5-s window: no delta came before it.
+    first = await ws.receive_json_from(timeout=4)
+    assert first["version"] == 2
+    await database_sync_to_async(batches)(1, 4)
+    second = await ws.receive_json_from(timeout=10)
+    assert second["version"] == 3
     assert await ws.receive_nothing(timeout=1.0)  # the three events coalesced
     await ws.disconnect()
 

@@ -70,6 +70,26 @@ async def test_stored_diagnoses_and_claim_changes_are_announced_without_data(ses
 
 
 @run_async
+async def test_a_change_is_told_at_once_and_changes_within_the_window_after_it_as_one(
+    session_cookie, monkeypatch
+):
+    from claims import consumers
+
+    monkeypatch.setattr(consumers, "BATCH_SECONDS", 5.0)  # the changes below surely fall inside it
+    ws, connected, _ = await connect("/ws/pending/?cluster=sim", ORIGIN, session_cookie)
+    assert connected
+    await ws.receive_json_from(timeout=5)
+    await sync_to_async(notify_pending_changed)("sim")
+    # Within 4 s, so not held for the 5-s window: no message came before it.
+    assert (await ws.receive_json_from(timeout=4))["version"] == 2
+    for _ in range(3):
+        await sync_to_async(notify_pending_changed)("sim")
+    assert (await ws.receive_json_from(timeout=10))["version"] == 3
+    assert await ws.receive_nothing(timeout=1.0)  # the three coalesced
+    await ws.disconnect()
+
+
+@run_async
 async def test_changes_elsewhere_are_not_announced(session_cookie):
     ws, connected, _ = await connect("/ws/pending/?cluster=sim", ORIGIN, session_cookie)
     assert connected
