@@ -179,7 +179,9 @@ def main() -> None:
     ingest_p50 = statistics.median(times["ingest"])
     for name, window in (("before", head.BATCH_SECONDS), ("after", feed.BATCH_SECONDS)):
         refresh = times[name]
-        # Watch batch: flushed at 500 events or 250 ms (at 500 events/s the timer flushes); feed window.
+        # Watch batch: flushed at 500 events or 250 ms after its first event arrived (at 500 events/s the
+        # timer flushes); feed window. Bounds: the feed is a throttle, so a change after a quiet window
+        # waits for none of it.
         typical = 125 + ingest_p50 + window * 1000 / 2 + statistics.median(refresh)
         worst = 250 + max(times["ingest"]) + window * 1000 + pct(refresh, 0.99)
         print(

@@ -106,10 +106,10 @@ def one_claim_batch(cluster: Cluster) -> tuple[float, float]:
     spent: list[float] = []
     refresh = gpu_state.refresh
 
-    def measured(*args: Any) -> int:
+    def measured(*args: Any, **kwargs: Any) -> int:
         t0 = time.perf_counter()
         try:
-            return refresh(*args)
+            return refresh(*args, **kwargs)
         finally:
             spent.append((time.perf_counter() - t0) * 1000)
 

@@ -204,7 +204,8 @@ def refresh(
     """Recompute the read model's rows of ``pools`` (pool names, every driver) of a cluster, or of the
     whole cluster with ``None``, from the stored devices and allocations; returns the GPU rows written.
     Call inside the ingest transaction that changed them. A constant number of statements per batch of
-    pools (one batch unless a whole large cluster is recomputed, see :func:`_pool_batches`).
+    pools on PostgreSQL (one batch unless a whole large cluster is recomputed, see :func:`_pool_batches`;
+    elsewhere long lists of names are chunked).
 
     With ``held`` (devices whose holders alone changed, all in ``pools``: a claim batch's), only the rows
     of the units they move are recomputed (:func:`units_moved_by`): a claim on one GPU of an eight-GPU

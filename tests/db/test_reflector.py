@@ -226,8 +226,12 @@ def test_events_that_waited_through_a_batch_are_applied_without_a_window_of_thei
     reflector._flush = flush  # type: ignore[method-assign]
     mover = threading.Thread(target=first_window_passes, daemon=True)
     mover.start()
-    threading.Timer(10, stop.set).start()  # the second event's 30-s window would end the test here
-    reflector.watch(0, stop)
+    timer = threading.Timer(10, stop.set)  # the second event's 30-s window would end the test here
+    timer.start()
+    try:
+        reflector.watch(0, stop)
+    finally:
+        timer.cancel()
     mover.join(10)
     assert applied == [["node-a"], ["node-b"]]
     assert late == [False, False]

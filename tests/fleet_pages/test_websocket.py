@@ -134,8 +134,8 @@ def test_a_feed_connection_the_server_dropped_is_replaced(session_cookie):
 async def test_a_change_goes_out_at_once_and_batches_within_the_window_after_it_as_one_delta(
     session_cookie, monkeypatch
 ):
-    # A window long enough that the three batches below surely fall inside it.
-    monkeypatch.setattr(feed, "BATCH_SECONDS", 5.0)
+    # A window long enough that the first delta and the three batches below surely fall inside it.
+    monkeypatch.setattr(feed, "BATCH_SECONDS", 15.0)
     ws = WebsocketCommunicator(application, "/ws/fleet/", headers=[ORIGIN, session_cookie])
     await ws.connect()
     await ws.receive_json_from(timeout=10)
@@ -146,11 +146,11 @@ async def test_a_change_goes_out_at_once_and_batches_within_the_window_after_it_
             editor.deallocate(claim)
 
     await database_sync_to_async(batches)(0, 1)
-    # Within 4 s, so not held for the 5-s window: no delta came before it.
-    first = await ws.receive_json_from(timeout=4)
+    # Within 10 s, so not held for the 15-s window: no delta came before it.
+    first = await ws.receive_json_from(timeout=10)
     assert first["version"] == 2
     await database_sync_to_async(batches)(1, 4)
-    second = await ws.receive_json_from(timeout=10)
+    second = await ws.receive_json_from(timeout=20)
     assert second["version"] == 3
     assert await ws.receive_nothing(timeout=1.0)  # the three events coalesced
     await ws.disconnect()
