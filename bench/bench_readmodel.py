@@ -113,7 +113,7 @@ def one_claim_batch(cluster: Cluster) -> tuple[float, float]:
         finally:
             spent.append((time.perf_counter() - t0) * 1000)
 
-    gpu_state.refresh = measured  # type: ignore[assignment]
+    gpu_state.refresh = measured
     try:
         t0 = time.perf_counter()
         ingest.apply_batch(
