@@ -43,13 +43,8 @@ def apply_batch(
         locks.stream_lock(cluster, kind, exclusive=False)
         result = BatchResult(kind)
         touched = [*upserts, *deletes]
-        # The rows about to be replaced or deleted: their pools, or for claims the devices they hold (who
-        # holds a device moves only its GPU's read-model rows, not its pool's).
-        held = pool_discovery.names_devices(spec)
-        devices = pool_discovery.child_devices(cluster, spec, touched) if held else set()
-        pools = (
-            {(d, p) for d, p, _ in devices} if held else pool_discovery.child_pools(cluster, spec, touched)
-        )
+        # The rows about to be replaced or deleted: their pools, and for claims the devices they hold
+        pools, devices = pool_discovery.pools_and_devices(cluster, spec, touched)
         result.written = rows.upsert(cluster, spec, upserts, observed_at)
         result.stale = len(upserts) - len(result.written)
         result.deleted = rows.delete(cluster, spec, deletes, observed_at)
@@ -59,18 +54,18 @@ def apply_batch(
             spec.model, len(result.written) + len(result.deleted), tables_of(spec)
         )
         # ... and those written in their place (nothing written or deleted: no event, no pools needed)
-        after: set[tuple[str, str]] = set()
-        if result.changed and held:
-            devices |= pool_discovery.child_devices(cluster, spec, touched)
-            after = {(d, p) for d, p, _ in devices}
-        elif result.changed:
-            after = pool_discovery.child_pools(cluster, spec, touched)
-        result.pools = pools | after
+        if result.changed:
+            written_pools, written_devices = pool_discovery.pools_and_devices(cluster, spec, touched)
+            pools |= written_pools
+            devices |= written_devices
+        result.pools = pools
         refreshed = False
         if result.changed and pool_discovery.pooled(spec):
-            # The per-GPU read model of the pools whose devices, or of the devices whose holders, changed.
+            # The per-GPU read model of the pools whose devices changed; for claims, of the devices whose
+            # holders changed (who holds a device moves only its GPU's rows, not its pool's).
             names = {p for _, p in result.pools}
-            refreshed = gpu_state.update(cluster.pk, names, devices if held else None)
+            held = devices if pool_discovery.names_devices(spec) else None
+            refreshed = gpu_state.update(cluster.pk, names, held)
         if cursor:
             cursors.save_cursor(cluster, kind, cursor, forward_only=True)
         events.publish_on_commit(cluster, result)

@@ -234,15 +234,7 @@ def refresh(
         _new_version(cluster_id)
     for rows in stored:
         rows.delete()  # nothing refers to these rows: one DELETE each
-    written = 0
-    for batch in batches:
-        gpus, groups = _rows_of_pools(cluster_id, batch)
-        for gpu in gpus:
-            gpu["revision"] = revision
-        write_rows(GpuState, gpus)
-        write_rows(DeviceGroupState, groups)
-        written += len(gpus)
-    return written
+    return sum(_write(*_rows_of_pools(cluster_id, batch), revision) for batch in batches)
 
 
 def _refresh_units(cluster_id: int, names: list[str], held: Collection[DeviceName], version: bool) -> int:
@@ -257,14 +249,16 @@ def _refresh_units(cluster_id: int, names: list[str], held: Collection[DeviceNam
     if version:
         _new_version(cluster_id)
     uuids = [unit.removeprefix("gpu:") for unit in units if unit.startswith("gpu:")]
-    for where, params in in_clauses("gpu_uuid", uuids):
-        GpuState.objects.filter(cluster_id=cluster_id, pool__in=names).extra(
-            where=[where], params=params
-        ).delete()
-    for where, params in in_clauses("unit", units):
-        DeviceGroupState.objects.filter(cluster_id=cluster_id, pool__in=names).extra(
-            where=[where], params=params
-        ).delete()
+    for model, column, values in ((GpuState, "gpu_uuid", uuids), (DeviceGroupState, "unit", units)):
+        for where, params in in_clauses(column, values):
+            stored = model.objects.filter(cluster_id=cluster_id, pool__in=names)
+            stored.extra(where=[where], params=params).delete()
+    return _write(gpus, groups, revision)
+
+
+def _write(gpus: list[dict[str, Any]], groups: list[dict[str, Any]], revision: int) -> int:
+    """Insert recomputed rows (their old ones deleted), the GPU rows stamped with ``revision``; returns
+    the GPU rows written."""
     for gpu in gpus:
         gpu["revision"] = revision
     write_rows(GpuState, gpus)

@@ -50,6 +50,17 @@ def child_devices(cluster: Cluster, spec: TableSpec, records: Sequence[Any]) -> 
     return {(row[0], row[1], row[2]) for row in _child_rows(cluster, spec, records, DEVICE_COLUMNS)}
 
 
+def pools_and_devices(
+    cluster: Cluster, spec: TableSpec, records: Sequence[Any]
+) -> tuple[set[tuple[str, str]], set[tuple[str, str, str]]]:
+    """:func:`child_pools`, and :func:`child_devices` for a kind that :func:`names_devices` (else none),
+    with one query per table: the pools are those of the devices then."""
+    if not names_devices(spec):
+        return child_pools(cluster, spec, records), set()
+    devices = child_devices(cluster, spec, records)
+    return {(driver, pool) for driver, pool, _ in devices}, devices
+
+
 POOL_COLUMNS = ("driver", "pool")
 DEVICE_COLUMNS = ("driver", "pool", "device_name")
 
