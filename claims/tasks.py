@@ -43,6 +43,7 @@ from claims.causes import Pending, cause_of
 from claims.consumers import notify_pending_changed
 from claims.diagnosis import diagnose, prepare
 from claims.diagnosis.footprint import Footprint
+from claims.diagnosis.placement import pod_as_read
 from claims.fleetstate import FleetState
 from claims.livestate import LiveFleet, Reach, affected
 from claims.models import ClaimDiagnosis, PendingCause
@@ -116,19 +117,22 @@ def diagnosis_of(state: FleetState, claim: ResourceClaim) -> dict[str, Any]:
     return diagnose(state, {**claim.raw, "kind": "ResourceClaim"}).as_dict()
 
 
-# A name and uid no claim has: a claim shape is diagnosed once under these, and each claim of the shape
-# gets that result with its own name and uid put back (see Shapes).
+# A name and uid no claim has, and a name no pod has: a claim shape is diagnosed once under these, and each
+# claim of the shape gets that result with its own claim's and pod's names and uid put back (see Shapes).
 SHAPE_NAME, SHAPE_UID = "claimscope-shape-5f0c2a9e", "claimscope-shape-uid-5f0c2a9e"
-_OWN_META = frozenset({"name", "uid", "creationTimestamp", "resourceVersion", "generation", "managedFields"})
+SHAPE_POD = "claimscope-shapepod-5f0c2a9e"
+_PLACEHOLDERS = (SHAPE_NAME.encode(), SHAPE_UID.encode(), SHAPE_POD.encode())
 
 
 class Shapes:
     """Diagnoses of the claims of one state, shared between claims of the same shape.
 
-    Pending claims come in few shapes (a job's claims are alike, thousands at a time), and what a claim's
-    diagnosis reads of the claim itself, apart from its name and uid, is the rest of it. A claim that
-    pods use is diagnosed alone (the pods are read too). Sharing is checked by the random-stream test,
-    which diagnoses every claim alone on a state of its own."""
+    Pending claims come in few shapes (a job's claims are alike, thousands at a time, and so are their
+    pods). The shape is what a claim's diagnosis reads: the claim but for its metadata, of which only its
+    namespace and whether it has a uid, and of its first pod what ``pod_as_read`` keeps, but for the pod's
+    name. The shape is diagnosed once, on a claim and a pod made of exactly that, so the diagnosis cannot
+    read what the shape leaves out. Sharing is checked by the random-stream test, which diagnoses every
+    claim alone on a state of its own."""
 
     def __init__(self, state: FleetState) -> None:
         self.state = state
@@ -136,14 +140,14 @@ class Shapes:
         self.failed: dict[bytes, str] = {}  # shapes whose diagnosis raised: the error
         self.diagnosed = 0
 
-    def _diagnose(self, raw: dict[str, Any]) -> dict[str, Any]:
+    def _diagnose(self, raw: dict[str, Any], pods: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         # A few shapes read a few device groups, lazily; past PREPARE_ABOVE diagnoses the per-fleet
         # indexes are built at once (claims.diagnosis.prepare), as the full recompute does. Counted
         # after: should it raise, the next diagnosis tries again.
         if self.diagnosed + 1 == PREPARE_ABOVE:
             prepare(self.state)
         self.diagnosed += 1
-        return diagnose(self.state, raw).as_dict()
+        return diagnose(self.state, raw, pods=pods).as_dict()
 
     def of(self, claim: ResourceClaim) -> dict[str, Any]:
         return dict(json.loads(self.text_of(claim)))
@@ -153,26 +157,35 @@ class Shapes:
         raw = {**claim.raw, "kind": "ResourceClaim"}
         meta = raw.get("metadata") or {}
         name, uid = str(meta.get("name") or ""), str(meta.get("uid") or "")
-        if not name or self.state.pods_of_claim(raw):
+        if not name:
             return json.dumps(self._diagnose(raw))
-        own = {k: v for k, v in meta.items() if k not in _OWN_META}
-        key = orjson.dumps({**raw, "metadata": {**own, "uid": bool(uid)}}, option=orjson.OPT_SORT_KEYS)
-        if SHAPE_NAME.encode() in key or SHAPE_UID.encode() in key:
+        pods = self.state.pods_of_claim(raw)
+        pod = pod_as_read(pods[0]) if pods else None
+        pod_name = str(pod["metadata"]["name"]) if pod else ""
+        read = {"namespace": meta["namespace"]} if "namespace" in meta else {}
+        pod_shape = {**pod, "metadata": {**pod["metadata"], "name": bool(pod_name)}} if pod else None
+        key = orjson.dumps(
+            [{**raw, "metadata": {**read, "uid": bool(uid)}}, pod_shape], option=orjson.OPT_SORT_KEYS
+        )
+        named = f"{name}\n{uid}\n{pod_name}".encode()
+        if any(p in key or p in named for p in _PLACEHOLDERS):
             return json.dumps(self._diagnose(raw))
         text = self.done.get(key)
         if text is None:
             if key in self.failed:
                 raise ShapeFailed(self.failed[key])
-            canonical = {**raw, "metadata": {**meta, "name": SHAPE_NAME, "uid": SHAPE_UID if uid else ""}}
-            if not uid:
-                del canonical["metadata"]["uid"]
+            canonical = {
+                **raw,
+                "metadata": {**read, "name": SHAPE_NAME, **({"uid": SHAPE_UID} if uid else {})},
+            }
+            as_pods = [{**pod, "metadata": {**pod["metadata"], "name": SHAPE_POD}}] if pod else []
             try:
-                text = self.done[key] = json.dumps(self._diagnose(canonical))
+                text = self.done[key] = json.dumps(self._diagnose(canonical, as_pods))
             except Exception as exc:
                 self.failed[key] = f"{type(exc).__name__}: {exc}"
                 raise
         # Names and uids are DNS labels and UUIDs: nothing to escape in JSON.
-        return text.replace(SHAPE_NAME, name).replace(SHAPE_UID, uid)
+        return text.replace(SHAPE_NAME, name).replace(SHAPE_UID, uid).replace(SHAPE_POD, pod_name)
 
 
 class ShapeFailed(Exception):

@@ -47,12 +47,18 @@ def prepare(state: FleetState) -> FleetState:
     return state
 
 
-def diagnose(state: FleetState, obj: Obj, pods_in: Callable[[str], bool] | None = None) -> Diagnosis:
+def diagnose(
+    state: FleetState,
+    obj: Obj,
+    pods_in: Callable[[str], bool] | None = None,
+    pods: list[Obj] | None = None,
+) -> Diagnosis:
     """Diagnose a ResourceClaim, a ResourceClaimTemplate (as the claim it would stamp) or a Pod.
 
     The pods using a claim (their node selector, the scheduler's message) are looked up only when
     ``pods_in(namespace)`` allows the claim's namespace (every namespace when None); otherwise the claim is
-    diagnosed as no pod used it, like a template. What-if passes the user's visibility here."""
+    diagnosed as no pod used it, like a template. What-if passes the user's visibility here. ``pods``
+    gives a claim's pods instead of looking them up (a claim shape diagnosed under a made-up name)."""
     if obj.get("kind") == "Pod":
         return _diagnose_pod(state, obj)
     unsupported = unsupported_api_version(obj)
@@ -65,11 +71,12 @@ def diagnose(state: FleetState, obj: Obj, pods_in: Callable[[str], bool] | None 
         )
     obj = claim_as_v1(obj)
     claim = claim_from(obj)
-    pods: list[Obj] = []
-    if obj.get("kind") == "ResourceClaim":
-        namespace = str((claim.get("metadata") or {}).get("namespace") or "")
-        if pods_in is None or pods_in(namespace):
-            pods = state.pods_of_claim(claim)
+    if pods is None:
+        pods = []
+        if obj.get("kind") == "ResourceClaim":
+            namespace = str((claim.get("metadata") or {}).get("namespace") or "")
+            if pods_in is None or pods_in(namespace):
+                pods = state.pods_of_claim(claim)
     return _diagnose_claim(state, claim, pods[0] if pods else None, lint_object(obj, state))
 
 

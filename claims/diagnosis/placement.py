@@ -18,6 +18,24 @@ def scheduled_message(pod: Obj | None) -> str:
     return ""
 
 
+def pod_as_read(pod: Obj) -> Obj:
+    """What a claim's diagnosis reads of the pod using it, as a pod: its namespace and name, its node
+    selector and the scheduler's message (``scheduled_message``). The claim is diagnosed the same with this
+    pod as with the whole one; pods alike in it share a diagnosis (``claims.tasks.Shapes``)."""
+    meta = pod.get("metadata") or {}
+    out: Obj = {
+        "kind": "Pod",
+        "metadata": {"namespace": meta.get("namespace", ""), "name": meta.get("name", "")},
+    }
+    selector = (pod.get("spec") or {}).get("nodeSelector")
+    if selector:
+        out["spec"] = {"nodeSelector": selector}
+    message = scheduled_message(pod)
+    if message:
+        out["status"] = {"conditions": [{"type": "PodScheduled", "status": "False", "message": message}]}
+    return out
+
+
 def pod_nodes(state: FleetState, pod: Obj | None) -> set[str] | None:
     selector = ((pod or {}).get("spec") or {}).get("nodeSelector") or {}
     if not selector:

@@ -43,6 +43,7 @@ SEEDS = Path(__file__).with_name("incremental_seeds.txt")
 STEPS = 30
 Obj = dict[str, Any]
 GPU = "device.attributes['gpu.nvidia.com']"
+SPREAD = "0/3 nodes are available: 3 node(s) didn't match pod topology spread constraints."
 
 
 def key(obj: Obj) -> tuple[str, str, str]:
@@ -214,7 +215,20 @@ class Fleet:
         requests = [self.request() for _ in range(self.rng.choice([1, 1, 2]))]
         for i, r in enumerate(requests):
             r["name"] = f"r{i}"
-        claim = nvidia.claim_object("team", self.new_name("want"), requests, created=self.created())
+        name = self.new_name("want")
+        # Half look made from a pod's template: owner, annotation and labels, which claims of one shape
+        # do not share and the diagnosis does not read.
+        owned = self.rng.random() < 0.5
+        owner = {"metadata": {"name": f"pod-of-{name}", "uid": f"uid-pod-of-{name}"}}
+        claim = nvidia.claim_object(
+            "team",
+            name,
+            requests,
+            created=self.created(),
+            owner_pod=owner if owned else None,
+            pod_claim_name="c" if owned else None,
+            labels={"job": name} if owned else None,
+        )
         self.write([{**claim, "kind": "ResourceClaim"}])
 
     def drop_pending(self) -> str | None:
@@ -263,7 +277,17 @@ class Fleet:
         claim = self.rng.choice(pending)["metadata"]["name"]
         name = f"pod-of-{claim}"
         node = self.rng.choice([None, *sorted(self.nodes)])
-        pod = nvidia.pod_object("team", name, [("c", nvidia.from_claim(claim))], created=self.created())
+        # The scheduler's message, read by the diagnosis: none, a DRA one, or another reason.
+        message = self.rng.choice([None, "0/3 nodes are available: cannot allocate all claims.", SPREAD])
+        created = self.created()
+        pod = nvidia.pod_object(
+            "team",
+            name,
+            [("c", nvidia.from_claim(claim))],
+            created=created,
+            scheduled=nvidia.unschedulable_condition(message, created) if message else None,
+            labels={"serial": str(self.serial)},
+        )
         if node:
             pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
         existing = self.objects.get(("Pod", "team", name))
@@ -623,16 +647,16 @@ def test_a_claim_whose_diagnosis_raises_leaves_the_others_diagnosed_and_updates_
     real = tasks.diagnose
     calls: collections.Counter[str] = collections.Counter()
 
+    # Marked in the spec, which a claim's shape holds (its labels it does not).
     def fails_on_marked(state: FleetState, obj: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
-        if "explode" in ((obj.get("metadata") or {}).get("labels") or {}):
+        if "explode" in json.dumps(obj.get("spec")):
             calls[str(obj["metadata"]["name"])] += 1
             raise RuntimeError("engine bug")
         return real(state, obj, *args, **kwargs)
 
     def bad_claim(name: str) -> dict[str, Any]:
         bad = nvidia.claim_object("team", name, [fleet.request()], created=fleet.created())
-        bad["metadata"]["labels"] = {"explode": "yes"}
-        bad["spec"]["devices"]["requests"][0]["name"] = "r0"
+        bad["spec"]["devices"]["requests"][0]["name"] = "explode"
         bad["spec"]["devices"]["requests"][0]["exactly"] = {"deviceClassName": "gpu.nvidia.com"}
         return {**bad, "kind": "ResourceClaim"}
 
@@ -659,7 +683,7 @@ def test_a_claim_whose_diagnosis_raises_leaves_the_others_diagnosed_and_updates_
     # diagnosed, not as diagnosed on an older fleet.
     victim = next(k for k in stored("incr-bad-claim") if k not in bad_keys)
     changed = copy.deepcopy(fleet.objects[("ResourceClaim", *victim)])
-    changed["metadata"]["labels"] = {"explode": "yes"}
+    changed["spec"]["devices"]["requests"][0]["name"] = "explode"
     fleet.write([changed])
     counts = tasks.update_diagnoses("incr-bad-claim")
     assert "full" not in counts and counts["failed"] >= 1 and victim not in stored("incr-bad-claim")
