@@ -1,0 +1,57 @@
+"""Match a finished ``bench_e2e.py`` run's probes again from its files: the heatmap latency and the pending
+latency (change -> ``/ws/pending/``), the latter both with every diagnosis run counted (as the runs of
+2026-12-06 and before did) and with only the runs that applied changes (``diagnosis_runs``).
+
+    python bench/e2e/rematch.py RUN_DIR [RUN_DIR ...]
+
+Reads ``probes.jsonl``, ``ws-changes.json`` (the cell changes the feed client saw), ``ws-pending.json``
+(when the pending client was told), ``worker-diagnosis.log`` and ``change.done`` (the quiet change after
+the churn: runs after it are not the churn's).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from bench.bench_e2e import DIAGNOSIS_TASKS, latencies, pending_latencies, quantiles, task_runs
+
+
+def rematch(run_dir: Path) -> dict[str, Any]:
+    probes = [json.loads(line) for line in (run_dir / "probes.jsonl").read_text().splitlines()]
+    changes: dict[tuple[str, int], list[tuple[float, int, int]]] = defaultdict(list)
+    for row, index, *change in json.loads((run_dir / "ws-changes.json").read_text()):
+        changes[(row, index)].append(tuple(change))
+    shown, missed = latencies(probes, SimpleNamespace(changes=changes))  # type: ignore[arg-type]
+    told = sorted(json.loads((run_dir / "ws-pending.json").read_text()))
+    log = run_dir / "worker-diagnosis.log"
+    change = run_dir / "change.done"
+    quiet = json.loads(change.read_text())["t"] if change.exists() else float("inf")
+    out: dict[str, Any] = {
+        "heatmap": {"matched": len(shown), "missed": missed, **quantiles([w - t for t, w in shown], 3)}
+    }
+    ways = (("pending, every run counted", True), ("pending, runs that applied changes", False))
+    for name, skipped in ways:
+        runs = sorted(r for task in DIAGNOSIS_TASKS for r in task_runs(log, task, skipped=skipped))
+        during = [(end, d) for end, d in runs if end - d < quiet]
+        lat, lost = pending_latencies(shown, during, told)
+        out[name] = {"runs": len(during), "matched": len(lat), "missed": lost, **quantiles(lat, 2)}
+    return out
+
+
+def main(dirs: list[str]) -> int:
+    for d in dirs:
+        print(d)
+        for name, figures in rematch(Path(d)).items():
+            print(f"  {name}: {figures}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
