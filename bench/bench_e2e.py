@@ -490,13 +490,14 @@ CELERY_LINE = re.compile(
 )
 
 
-def task_runs(log: Path, task: str, skipped: bool = True) -> list[tuple[float, float]]:
-    """(end time, duration) of every successful run of ``task`` in a Celery worker log. ``skipped=False``
-    leaves out the diagnosis runs that found their cluster held by another run: they return ``{}`` at
-    once and apply nothing (``claims.tasks._single_flight``; the rerun after the running one does)."""
+def task_runs(log: Path, task: str, include_skipped: bool = True) -> list[tuple[float, float]]:
+    """(end time, duration) of every successful run of ``task`` in a Celery worker log. Without
+    ``include_skipped``, the diagnosis runs that found their cluster held by another run are left out:
+    they return ``{}`` at once and apply nothing (``claims.tasks._single_flight``; the rerun after the
+    running one does)."""
     out = []
     for m in CELERY_LINE.finditer(log.read_text(errors="replace")):
-        if m.group(2) == task and (skipped or (m.group(4) or "").strip() != "{}"):
+        if m.group(2) == task and (include_skipped or (m.group(4) or "").strip() != "{}"):
             end = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
             out.append((end, float(m.group(3))))
     return out
@@ -515,13 +516,12 @@ def diag_idle(log: Path) -> bool:
     return received <= ended
 
 
-def diagnosis_runs(log: Path) -> list[tuple[float, float]]:
+def diagnosis_runs(log: Path, include_skipped: bool = False) -> list[tuple[float, float]]:
     """(end time, duration) of every diagnosis task run that applied the changes logged before it started,
-    updates and full recomputes, in end order. A run skipped because another held the cluster is left out:
-    counted, it was taken for the update of the changes logged while the running one ran, and the
-    running one's "changed" message for theirs (the latencies of 2026-12-06 and before were understated
-    so)."""
-    return sorted(run for task in DIAGNOSIS_TASKS for run in task_runs(log, task, skipped=False))
+    updates and full recomputes, in end order. A run skipped because another held the cluster is left out
+    (unless ``include_skipped``): counted, it would be taken for the update of the changes logged while the
+    running one ran, and the running one's "changed" message for theirs, which understates the latency."""
+    return sorted(run for task in DIAGNOSIS_TASKS for run in task_runs(log, task, include_skipped))
 
 
 def first_received(log: Path, task: str) -> float | None:

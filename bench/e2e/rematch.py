@@ -1,6 +1,7 @@
 """Match a finished ``bench_e2e.py`` run's probes again from its files: the heatmap latency and the pending
-latency (change -> ``/ws/pending/``), the latter both with every diagnosis run counted (as the runs of
-2026-12-06 and before did) and with only the runs that applied changes (``diagnosis_runs``).
+latency (change -> ``/ws/pending/``), the latter both with every diagnosis run counted (skipped runs too,
+as runs recorded before ``diagnosis_runs`` left them out were counted) and with only the runs that applied
+changes.
 
     python bench/e2e/rematch.py RUN_DIR [RUN_DIR ...]
 
@@ -20,7 +21,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.bench_e2e import DIAGNOSIS_TASKS, latencies, pending_latencies, quantiles, task_runs
+from bench.bench_e2e import diagnosis_runs, latencies, pending_latencies, quantiles
 
 
 def rematch(run_dir: Path) -> dict[str, Any]:
@@ -37,8 +38,8 @@ def rematch(run_dir: Path) -> dict[str, Any]:
         "heatmap": {"matched": len(shown), "missed": missed, **quantiles([w - t for t, w in shown], 3)}
     }
     ways = (("pending, every run counted", True), ("pending, runs that applied changes", False))
-    for name, skipped in ways:
-        runs = sorted(r for task in DIAGNOSIS_TASKS for r in task_runs(log, task, skipped=skipped))
+    for name, include_skipped in ways:
+        runs = diagnosis_runs(log, include_skipped)
         during = [(end, d) for end, d in runs if end - d < quiet]
         lat, lost = pending_latencies(shown, during, told)
         out[name] = {"runs": len(during), "matched": len(lat), "missed": lost, **quantiles(lat, 2)}
