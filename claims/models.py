@@ -5,32 +5,81 @@ history of every claim's states (for triage). The mirrored Kubernetes objects th
 
 from __future__ import annotations
 
+import json
+from datetime import datetime
+from typing import Any
+
 from django.db import models
 
+from claims.shaped import put_names
 from fleet.models import Cluster, ResourceClaim
 
 
-class ClaimDiagnosis(models.Model):
-    """The latest diagnosis of a pending claim (``claims.diagnosis``).
+class DiagnosisShape(models.Model):
+    """A diagnosis as computed, shared by the pending claims of one shape (``claims.tasks.Shapes``).
 
-    ``result`` is the full result object (category, summary, requests, suggestions, placement, lint);
-    ``computed_at`` says how fresh it is. ``group_key`` is the result's cause (``claims.causes.cause_of``),
-    kept beside it so that the pending list groups its rows without reading every result; empty on a row
-    stored before the column, whose key is then computed from the result. One writer: the diagnosis task
-    (``claims.tasks``); pages and the API only read it, and compute a missing one without storing it.
-    """
+    Claims made from one template pend by the thousand and read the fleet alike: their diagnosis is
+    computed once, and stored once, so that an update of the fleet's counts rewrites a few rows, not one
+    per claim. ``key`` is the digest of the shape (of one claim, for a claim diagnosed alone). When
+    ``named``, the result and summary hold the placeholders of ``claims.shaped``, and each claim reads them
+    with its own names put back (``ClaimDiagnosis.result``). ``group_key`` is the result's cause
+    (``claims.causes.cause_of``), which never reads names. One writer: the diagnosis task."""
 
-    claim = models.OneToOneField(ResourceClaim, on_delete=models.CASCADE, related_name="diagnosis")
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE)
+    key = models.CharField(max_length=64)
+    named = models.BooleanField(default=False)
     category = models.CharField(max_length=32, db_index=True)
     summary = models.TextField()
     result = models.JSONField(default=dict)
-    # A database default too: a worker of the previous release, still writing while this one migrates,
-    # leaves the column out.
-    group_key = models.CharField(max_length=64, blank=True, default="", db_default="")
+    group_key = models.CharField(max_length=64, blank=True, default="")
     computed_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["cluster", "key"], name="diagnosis_shape_key")]
+
+    def __str__(self) -> str:
+        return f"{self.cluster_id}/{self.key}: {self.category}"
+
+
+class ClaimDiagnosis(models.Model):
+    """The latest diagnosis of a pending claim (``claims.diagnosis``): its shape's, read with the claim's
+    own names (``result``, ``summary``; ``pod_name`` is the pod the diagnosis names). Reading them reads
+    ``claim`` and ``shape``: select them with the row. One writer: the diagnosis task (``claims.tasks``);
+    pages and the API only read it, and compute a missing one without storing it."""
+
+    claim = models.OneToOneField(ResourceClaim, on_delete=models.CASCADE, related_name="diagnosis")
+    shape = models.ForeignKey(DiagnosisShape, on_delete=models.CASCADE)
+    pod_name = models.CharField(max_length=253, blank=True, default="")
 
     def __str__(self) -> str:
         return f"{self.claim}: {self.category}"
+
+    def _named(self, text: str) -> str:
+        if not self.shape.named:
+            return text
+        return put_names(text, self.claim.name, self.claim.uid, self.pod_name)
+
+    @property
+    def category(self) -> str:
+        return self.shape.category
+
+    @property
+    def group_key(self) -> str:
+        return self.shape.group_key
+
+    @property
+    def computed_at(self) -> datetime:
+        return self.shape.computed_at
+
+    @property
+    def summary(self) -> str:
+        return self._named(self.shape.summary)
+
+    @property
+    def result(self) -> Any:
+        if not self.shape.named:
+            return self.shape.result
+        return json.loads(self._named(json.dumps(self.shape.result)))  # rare reads: the stdlib will do
 
 
 # ------------------------------------------------------------------------------------------- history

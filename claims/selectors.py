@@ -26,6 +26,7 @@ from claims.causes import Brief, Pending, cause_of
 from claims.diagnosis import diagnose
 from claims.fleetstate import FleetState
 from claims.models import ClaimDiagnosis
+from claims.shaped import put_names
 from fleet.access.visibility import Visibility, redact_diagnosis
 from fleet.models import Cluster, Pod, PodClaimUse, ResourceClaim, ResourceClaimTemplate, SchedulingEvent
 from fleet.normalize import pod_claim_names
@@ -158,11 +159,11 @@ def pending_items(vis: Visibility, cluster: str = "", namespace: str = "") -> li
     # the page's time, and a page shows the results of a few rows only (see with_results).
     briefs: dict[int, Brief] = {}
     keyless: list[int] = []
-    for claim_id, key, category, summary in ClaimDiagnosis.objects.filter(
+    for claim_id, named, key, category, summary, name, uid, pod in ClaimDiagnosis.objects.filter(
         claim_id__in=[c.pk for c in claims]
-    ).values_list("claim_id", "group_key", "category", "summary"):
-        # A key not of the row's category was left by a writer that does not know the column (the
-        # previous release during an upgrade): the row is grouped from its result, as all were before.
+    ).values_list(*_SHAPE, "shape__group_key", "shape__category", "shape__summary", *_NAMES):
+        summary = put_names(summary, name, uid, pod) if named else summary
+        # A key not of the row's category (a damaged row): the row is grouped from its result.
         if key.startswith(f"{category}-"):
             briefs[claim_id] = Brief(key, category, summary)
         else:
@@ -252,12 +253,18 @@ def _listed_results(claim_ids: list[int]) -> dict[int, Any]:
     if not claim_ids:
         return {}
     return {
-        claim_id: _listed(orjson.loads(text))
-        for claim_id, text in ClaimDiagnosis.objects.filter(claim_id__in=claim_ids)
+        claim_id: _listed(orjson.loads(put_names(text, name, uid, pod) if named else text))
+        for claim_id, named, name, uid, pod, text in ClaimDiagnosis.objects.filter(claim_id__in=claim_ids)
         .annotate(text=ListedResult())
-        .values_list("claim_id", "text")
+        .values_list(*_SHAPE, *_NAMES, "text")
         if text is not None
     }
+
+
+# What a claim's stored diagnosis is read with: whether its shape's text holds placeholders, and the names
+# that replace them (claims.shaped).
+_SHAPE = ("claim_id", "shape__named")
+_NAMES = ("claim__name", "claim__uid", "pod_name")
 
 
 def _redacted_brief(brief: Brief | None, vis: Visibility, cluster: str) -> Brief | None:
@@ -276,7 +283,7 @@ class ListedResult(Func):
     output_field = TextField()
 
     def __init__(self) -> None:
-        super().__init__(F("result"))
+        super().__init__(F("shape__result"))
 
     def as_postgresql(
         self, compiler: Any, connection: Any, **extra_context: Any
@@ -444,11 +451,19 @@ def diagnose_now(claim: ResourceClaim) -> dict[str, Any]:
         return diagnose(state, {**claim.raw, "kind": "ResourceClaim"}).as_dict()
 
 
+def stored_diagnosis(claim: ResourceClaim) -> ClaimDiagnosis | None:
+    """The stored diagnosis of ``claim`` with what reading it reads (its shape, and the claim's names)."""
+    stored = ClaimDiagnosis.objects.filter(claim=claim).select_related("shape").first()
+    if stored is not None:
+        ClaimDiagnosis.claim.field.set_cached_value(stored, claim)
+    return stored
+
+
 def diagnosis_page(vis: Visibility, claim: ResourceClaim) -> ClaimDiagnosisPage:
     """The stored diagnosis (computed now, not stored, when a pending claim has none yet: the task owns the
     table), the claim's pods and their scheduling events, newest first."""
     cluster = claim.cluster
-    stored = ClaimDiagnosis.objects.filter(claim=claim).first()
+    stored = stored_diagnosis(claim)
     result: dict[str, Any] | None
     if stored is not None:
         result, computed_at = stored.result, stored.computed_at

@@ -55,7 +55,9 @@ class ClaimscopeCollector:
         )
         claims = ResourceClaim.objects.filter(state=PENDING_STATE, deleted_at__isnull=True)
         causes = dict(
-            ClaimDiagnosis.objects.filter(claim__state=PENDING_STATE).values_list("claim_id", "category")
+            ClaimDiagnosis.objects.filter(claim__state=PENDING_STATE).values_list(
+                "claim_id", "shape__category"
+            )
         )
         counts: Counter[tuple[str, str]] = Counter()
         for pk, cid in claims.values_list("pk", "cluster_id"):
@@ -75,7 +77,7 @@ class ClaimscopeCollector:
             labels=["cluster"],
         )
         stale = ClaimDiagnosis.objects.filter(claim__state=PENDING_STATE).values_list("claim__cluster_id")
-        for cid, computed in stale.annotate(oldest=Min("computed_at")):
+        for cid, computed in stale.annotate(oldest=Min("shape__computed_at")):
             diagnosis.add_metric([clusters.get(cid, "")], _age(now, computed))
         yield diagnosis
 

@@ -21,8 +21,7 @@ from rest_framework.views import APIView
 
 from claims.diagnosis import diagnose
 from claims.fleetstate import FleetState
-from claims.models import ClaimDiagnosis
-from claims.selectors import diagnose_now
+from claims.selectors import diagnose_now, stored_diagnosis
 from fleet.access.visibility import redact_diagnosis, visibility_for
 from fleet.models import ResourceClaim
 from fleet.normalize import INT64_MAX, NormalizeError, clean_pasted_claim
@@ -262,7 +261,7 @@ class ClaimDiagnosisView(APIView):
         # A claim in a namespace the user may not see is a 404 too: its existence is not confirmed.
         visible = ResourceClaim.objects.filter(visibility_for(request.user).q())
         claim = get_object_or_404(visible.select_related("cluster"), pk=int(text))
-        stored = ClaimDiagnosis.objects.filter(claim=claim).first()
+        stored = stored_diagnosis(claim)
         if stored is not None:
             result, computed_at = stored.result, stored.computed_at
         else:  # a GET never writes: the diagnosis task stores it on its next run

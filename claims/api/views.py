@@ -9,6 +9,7 @@ from django.db.models import QuerySet
 from claims.api import filters as api_filters
 from claims.api import selectors as api_selectors
 from claims.api import serializers as rows
+from claims.shaped import put_names
 from fleet.access.visibility import redact_text, visibility_for
 from fleet.api.base import ValuesListViewSet, ValuesViewSet
 from fleet.models import Pod, SchedulingEvent
@@ -87,7 +88,8 @@ class PendingViewSet(NamespacedViewSet):
     filterset_class = api_filters.NamespacedFilter
     fields = (
         *NAMESPACED, "requests", "owner_pod_name", "pod_phase", "scheduler_reason", "scheduler_message",
-        "diagnosis__category", "diagnosis__summary", "diagnosis__computed_at",
+        "diagnosis__shape__category", "diagnosis__shape__summary", "diagnosis__shape__computed_at",
+        "diagnosis__shape__named", "diagnosis__pod_name",
     )  # fmt: skip
 
     def get_queryset(self) -> QuerySet[Any]:
@@ -96,12 +98,14 @@ class PendingViewSet(NamespacedViewSet):
     def decorate(self, page: list[dict[str, Any]]) -> list[dict[str, Any]]:
         vis = visibility_for(self.request.user)
         for r in page:
-            category = r.pop("diagnosis__category")
+            category = r.pop("diagnosis__shape__category")
+            said = r.pop("diagnosis__shape__summary") or ""
+            if r.pop("diagnosis__shape__named"):
+                said = put_names(said, r["name"], r["uid"], r["diagnosis__pod_name"] or "")
+            del r["diagnosis__pod_name"]
             # The summary names the claims holding the devices wanted: hide those of other namespaces.
-            summary = (
-                redact_text(r.pop("diagnosis__summary") or "", vis, r["cluster__name"]) if category else None
-            )
-            computed_at = r.pop("diagnosis__computed_at")
+            summary = redact_text(said, vis, r["cluster__name"]) if category else None
+            computed_at = r.pop("diagnosis__shape__computed_at")
             r["diagnosis"] = (
                 None
                 if category is None

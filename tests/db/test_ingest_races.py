@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from django.utils import timezone
 
-from claims.models import ClaimDiagnosis, ClaimLifecycle
+from claims.models import ClaimDiagnosis, ClaimLifecycle, DiagnosisShape
 from fleet import ingest
 from fleet.ingest import Change, CursorUpdate
 from fleet.models import DeviceAllocation, ResourceClaim
@@ -82,7 +82,10 @@ def test_a_deleted_event_of_a_diagnosed_claim_commits_and_takes_the_diagnosis_al
     cluster = ingest.get_or_create_cluster("diagnosed")
     ingest.apply_batch(cluster, "ResourceClaim", upserts(claim_record("a", 5)))
     claim = ResourceClaim.objects.get(cluster=cluster, name="a")
-    ClaimDiagnosis.objects.create(claim=claim, category="capacity", summary="-", computed_at=timezone.now())
+    shape = DiagnosisShape.objects.create(
+        cluster=cluster, key="k", category="capacity", summary="-", computed_at=timezone.now()
+    )
+    ClaimDiagnosis.objects.create(claim=claim, shape=shape)
     result = ingest.apply_batch(cluster, "ResourceClaim", [Change("delete", claim_record("a", 6))])
     assert result.deleted == [("ml", "a")]
     assert not ResourceClaim.objects.filter(cluster=cluster).exists()

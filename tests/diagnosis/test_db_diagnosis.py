@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 from io import StringIO
 from pathlib import Path
@@ -20,11 +21,12 @@ from claims import tasks
 from claims.api.diagnosis import ClaimDiagnosisView, WhatIfView
 from claims.diagnosis import diagnose
 from claims.fleetstate import FleetState
-from claims.models import ClaimDiagnosis, PendingCause
+from claims.models import ClaimDiagnosis, DiagnosisShape, PendingCause
 from fleet.access.visibility import grant_all_namespaces
 from fleet.models import ResourceClaim
 from simulator import nvidia
 from tests.diagnosis.fleet import CAP
+from tests.stored_diagnoses import stored_results
 
 pytestmark = pytest.mark.django_db
 FLEET = Path(__file__).resolve().parents[1] / "fixtures" / "fleet-small.yaml"
@@ -57,7 +59,7 @@ def test_the_database_snapshot_diagnoses_like_the_files(imported: None) -> None:
 def test_recompute_stores_one_timed_diagnosis_per_pending_claim(imported: None) -> None:
     counts = tasks.recompute_diagnoses("fixtures")
     assert counts == {"capacity": 1, "no-match": 1, "cel-error": 1}
-    stored = {d.claim.name: d for d in ClaimDiagnosis.objects.select_related("claim")}
+    stored = {d.claim.name: d for d in ClaimDiagnosis.objects.select_related("claim", "shape")}
     assert set(stored) == set(ResourceClaim.objects.filter(state="pending").values_list("name", flat=True))
     assert all(d.computed_at is not None and d.result["summary"] == d.summary for d in stored.values())
 
@@ -65,27 +67,30 @@ def test_recompute_stores_one_timed_diagnosis_per_pending_claim(imported: None) 
 def test_a_recompute_stores_chunk_by_chunk_and_names_the_diagnoses_it_found_out_of_date(
     imported: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    # Results are decoded and written a chunk at a time (6,000 decoded results are ~180 MB at XL).
+    # Causes (each claim's whole result) are written a chunk at a time (6,000 results are ~30 MB of text
+    # at XL, ~180 MB decoded).
     monkeypatch.setattr(tasks, "STORE_CHUNK", 2)
     chunks: list[int] = []
-    store_many = tasks._store_many
+    record = tasks.record_causes
 
-    def spy(cluster: str, results: list[Any], at: Any, texts: Any) -> Any:
-        chunks.append(len(results))
-        return store_many(cluster, results, at, texts)
+    def spy(diagnosed: list[Any], *args: Any) -> Any:
+        chunks.append(len(diagnosed))
+        return record(diagnosed, *args)
 
-    monkeypatch.setattr(tasks, "_store_many", spy)
+    monkeypatch.setattr(tasks, "record_causes", spy)
     assert tasks.recompute_diagnoses("fixtures") == {"capacity": 1, "no-match": 1, "cel-error": 1}
     assert chunks == [2, 1]
-    first = {d.claim_id: d.result for d in ClaimDiagnosis.objects.all()}
+    first = stored_results()
     assert len(first) == 3 and PendingCause.objects.filter(cluster__name="fixtures").count() == 3
-    # One row out of date in each chunk (claims are stored in id order): both are counted and rewritten.
+    # Two of the three out of date (each claim has a shape of its own here): both counted and rewritten.
     ids = sorted(first)
-    ClaimDiagnosis.objects.filter(claim_id__in=[ids[0], ids[2]]).update(result={"category": "stale"})
+    DiagnosisShape.objects.filter(claimdiagnosis__claim_id__in=[ids[0], ids[2]]).update(
+        result={"category": "stale"}
+    )
     with caplog.at_level("WARNING", logger="claims.tasks"):
         tasks.recompute_diagnoses("fixtures")
     assert "2 stored diagnoses of fixtures were out of date" in caplog.text
-    assert {d.claim_id: d.result for d in ClaimDiagnosis.objects.all()} == first
+    assert stored_results() == first
 
 
 def test_a_recompute_that_fails_in_a_later_chunk_stores_nothing_and_the_next_update_recomputes(
@@ -96,9 +101,9 @@ def test_a_recompute_that_fails_in_a_later_chunk_stores_nothing_and_the_next_upd
     monkeypatch.setattr(tasks.update_diagnoses, "apply_async", lambda *a, **kw: None)
     tasks.forget()
     tasks.recompute_diagnoses("fixtures")
-    first = {d.claim_id: d.result for d in ClaimDiagnosis.objects.all()}
-    ClaimDiagnosis.objects.update(result={"category": "stale"})
-    stale = {d.claim_id: d.result for d in ClaimDiagnosis.objects.all()}
+    first = stored_results()
+    DiagnosisShape.objects.update(result={"category": "stale"})
+    stale = stored_results()
     record = tasks.record_causes
     calls: list[int] = []
 
@@ -111,13 +116,13 @@ def test_a_recompute_that_fails_in_a_later_chunk_stores_nothing_and_the_next_upd
     monkeypatch.setattr(tasks, "record_causes", fails_on_the_second_chunk)
     with pytest.raises(RuntimeError, match="connection lost"):
         tasks.recompute_diagnoses("fixtures")
-    assert {d.claim_id: d.result for d in ClaimDiagnosis.objects.all()} == stale
+    assert stored_results() == stale
     monkeypatch.setattr(tasks, "record_causes", record)
     try:
         assert tasks.update_diagnoses("fixtures").get("full") == 1
     finally:
         tasks.forget()
-    assert {d.claim_id: d.result for d in ClaimDiagnosis.objects.all()} == first
+    assert stored_results() == first
 
 
 def test_a_recompute_task_waits_its_turn_and_the_running_one_enqueues_the_rerun(
@@ -264,19 +269,28 @@ def test_a_stored_device_taint_rule_taints_the_device_in_the_database_diagnosis(
 
 def test_an_unchanged_cause_is_refreshed_once_a_minute_and_a_new_cause_at_once(imported: None) -> None:
     tasks.recompute_diagnoses("fixtures")
-    d = ClaimDiagnosis.objects.select_related("claim").get(category="capacity")
+    d = ClaimDiagnosis.objects.select_related("claim", "shape").get(shape__category="capacity")
     t0, recorded = d.computed_at, tasks.Recorded()
+    shape, claim = d.shape, d.claim
+    item = tasks.Diagnosed(
+        shape.key, json.dumps(shape.result), shape.named, claim.name, claim.uid, d.pod_name
+    )
+    said = {item.key: tasks.ShapeSaid(d.category, d.summary, d.group_key)}
 
     def record(seconds: int) -> Any:
-        recorded.update(tasks.record_causes([d], t0 + timedelta(seconds=seconds), recorded))
-        return PendingCause.objects.get(uid=d.claim.uid, category=d.category).last_seen - t0
+        recorded.update(
+            tasks.record_causes([(d.claim, item)], said, t0 + timedelta(seconds=seconds), recorded)
+        )
+        return PendingCause.objects.get(uid=d.claim.uid, category=said[item.key].category).last_seen - t0
 
     assert record(0) == timedelta(0)
     assert record(30) == timedelta(0)  # the same cause 30 s later: left alone
     assert record(61) == timedelta(seconds=61)  # past CAUSE_REFRESH: refreshed
-    d.category, d.result = "no-match", {**d.result, "category": "no-match"}
-    d.group_key = tasks.cause_key("fixtures", d.claim, d.result)
+    other = {**d.result, "category": "no-match"}
+    said[item.key] = tasks.ShapeSaid("no-match", d.summary, tasks.cause_key("fixtures", d.claim, other))
     assert record(62) == timedelta(seconds=62)  # another cause: recorded at once
+    kept = PendingCause.objects.get(uid=d.claim.uid, category="capacity")
+    assert kept.result == d.result and kept.name == d.claim.name
     assert sorted(PendingCause.objects.filter(uid=d.claim.uid).values_list("category", flat=True)) == [
         "capacity",
         "no-match",

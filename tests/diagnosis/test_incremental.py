@@ -30,7 +30,7 @@ from claims import changelog, tasks
 from claims.diagnosis import diagnose
 from claims.diagnosis.footprint import Footprint
 from claims.fleetstate import FleetState
-from claims.models import ClaimDiagnosis
+from claims.models import ClaimDiagnosis, DiagnosisShape
 from fleet import ingest
 from fleet.models import Cluster, ResourceClaim
 from fleet.normalize import normalize
@@ -330,10 +330,11 @@ class Fleet:
 
 
 def stored(cluster: str) -> dict[tuple[str, str], str]:
-    rows = ClaimDiagnosis.objects.filter(claim__cluster__name=cluster).values_list(
-        "claim__namespace", "claim__name", "category", "summary", "result"
-    )
-    return {(ns, n): json.dumps([c, s, r], sort_keys=True) for ns, n, c, s, r in rows}
+    rows = ClaimDiagnosis.objects.filter(claim__cluster__name=cluster).select_related("claim", "shape")
+    return {
+        (d.claim.namespace, d.claim.name): json.dumps([d.category, d.summary, d.result], sort_keys=True)
+        for d in rows
+    }
 
 
 def fresh(cluster: str) -> dict[tuple[str, str], str]:
@@ -413,6 +414,8 @@ def run_stream(seed: int) -> None:
         loaded = FleetState.from_db(name, lean=True)
         assert footprint == Footprint.of(loaded), f"seed {seed} step {step}"
         assert_links_current(tasks._live[name].fleet, loaded, f"seed {seed} step {step}")
+        unused = DiagnosisShape.objects.filter(cluster__name=name, claimdiagnosis__isnull=True)
+        assert not unused.exists(), f"seed {seed} step {step}: shapes no claim reads were kept"
         if held != expected:
             wrong = sorted(k for k in expected.keys() | held.keys() if held.get(k) != expected.get(k))
             raise AssertionError(
@@ -461,6 +464,46 @@ def test_an_update_trusts_what_it_stored_but_rewrites_a_row_deleted_behind_its_b
         q["sql"] for q in queries if '"result"' in q["sql"] and q["sql"].lstrip().startswith("SELECT")
     ]
     assert stored(name) == fresh(name) and len(stored(name)) == 3
+
+
+def test_claims_of_one_shape_share_one_stored_row_which_an_update_rewrites_alone(quiet: None) -> None:
+    from django.test.utils import CaptureQueriesContext
+
+    name = "incr-one-row"
+    fleet = new_fleet(name, random.Random(3))
+    fleet.set_node("h1", "H100", "full", 2, {})
+    for i in range(4):  # alike but for their names
+        claim = nvidia.claim_object(
+            "team", f"alike-{i}", [nvidia.exactly_request("gpu", "gpu.nvidia.com", 4)]
+        )
+        fleet.write([{**claim, "kind": "ResourceClaim"}])
+    tasks.update_diagnoses(name)  # the full recompute
+    assert DiagnosisShape.objects.filter(cluster__name=name).count() == 1
+    assert stored(name) == fresh(name) and len(stored(name)) == 4
+    links = list(
+        ClaimDiagnosis.objects.filter(claim__cluster__name=name).order_by("pk").values_list("pk", "shape_id")
+    )
+    fleet.set_node("h1", "H100", "full", 3, {})  # every claim's counts change
+    with CaptureQueriesContext(connection) as queries:
+        counts = tasks.update_diagnoses(name)
+    assert counts["diagnosed"] == 4 and counts["written"] == 4, counts
+    writes = [q["sql"] for q in queries if q["sql"].lstrip().startswith(("INSERT", "UPDATE"))]
+    assert not [w for w in writes if '"claims_claimdiagnosis"' in w]
+    assert len([w for w in writes if '"claims_diagnosisshape"' in w]) == 1
+    assert (
+        list(
+            ClaimDiagnosis.objects.filter(claim__cluster__name=name)
+            .order_by("pk")
+            .values_list("pk", "shape_id")
+        )
+        == links
+    )
+    assert stored(name) == fresh(name)
+    # Once no claim reads it, the shape goes (the claims' rows went with the claims).
+    fleet.write([], fleet.pending())
+    tasks.update_diagnoses(name)
+    assert not ClaimDiagnosis.objects.filter(claim__cluster__name=name).exists()
+    assert not DiagnosisShape.objects.filter(cluster__name=name).exists()
 
 
 def test_an_update_leaves_no_reference_cycles_of_its_own(quiet: None) -> None:

@@ -23,6 +23,7 @@ from asgiref.sync import sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.test import override_settings
 
+from claims.shaped import put_names
 from dashboard.asgi import application
 from fleet import ingest
 from simulator import nvidia
@@ -52,14 +53,18 @@ def services() -> Iterator[PrivateServices]:
 
 def stored_diagnosis(services: PrivateServices, namespace: str, name: str) -> tuple[str, str] | None:
     sql = """
-        SELECT d.category, d.summary FROM claims_claimdiagnosis d
+        SELECT s.category, s.summary, s.named, c.name, c.uid, d.pod_name FROM claims_claimdiagnosis d
+        JOIN claims_diagnosisshape s ON s.id = d.shape_id
         JOIN claims_resourceclaim c ON c.id = d.claim_id
         JOIN fleet_cluster k ON k.id = c.cluster_id
         WHERE k.name = %s AND c.namespace = %s AND c.name = %s
     """
     with psycopg.connect(services.db_url.replace("postgres://", "postgresql://")) as conn:
         row = conn.execute(sql, (CLUSTER, namespace, name)).fetchone()
-    return (str(row[0]), str(row[1])) if row else None
+    if row is None:
+        return None
+    category, summary, named, claim, uid, pod = row
+    return str(category), put_names(summary, claim, uid, pod) if named else str(summary)
 
 
 def fitting(diagnosis: tuple[str, str] | None) -> tuple[str, str] | None:

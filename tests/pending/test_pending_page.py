@@ -13,13 +13,14 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
-from claims.models import ClaimDiagnosis
+from claims.models import ClaimDiagnosis, DiagnosisShape
 from fleet import ingest
 from fleet.models import Cluster, NamespaceGrant, ResourceClaim
 from fleet.normalize import normalize
 from simulator import nvidia
 from tests.pending.conftest import PASSWORD
 from tests.pending.scenario import BIG_WANT, expected_monday
+from tests.stored_diagnoses import own_shape, stored_results
 
 URL = "/claims/pending/"
 
@@ -375,7 +376,7 @@ def test_the_list_reads_each_result_without_its_holders_and_placement(monday):
     listed = [i for i in pending_items(everything, "sim") if i.kind == "claim"]
     assert listed and all(i.result is None for i in listed)  # the list itself reads no result
     items = with_results(listed, everything)
-    stored = dict(ClaimDiagnosis.objects.values_list("claim_id", "result"))
+    stored = stored_results()
     assert all(i.ref in stored for i in items)
     with_holders = 0
     for item in items:
@@ -399,7 +400,7 @@ def test_the_list_reads_each_result_without_its_holders_and_placement(monday):
 def test_a_malformed_stored_result_does_not_break_the_page(signed_in, monday, result):
     claim = ResourceClaim.objects.filter(state="pending").order_by("name").first()
     assert claim is not None
-    ClaimDiagnosis.objects.filter(claim=claim).update(result=result)
+    DiagnosisShape.objects.filter(pk=own_shape(claim).pk).update(result=result)
     response = signed_in.get(URL, {"group": "none"})
     assert response.status_code == 200
     assert f"{claim.namespace}/{claim.name}" in rows_shown(response.content.decode())
@@ -410,7 +411,7 @@ def test_each_stored_diagnosis_keeps_the_cause_of_its_whole_result(monday):
     # The list groups by the stored key: it must be what cause_of gives for the result stored with it.
     from claims.causes import Pending, cause_of
 
-    rows = ClaimDiagnosis.objects.select_related("claim", "claim__cluster")
+    rows = ClaimDiagnosis.objects.select_related("claim", "claim__cluster", "shape")
     assert rows.exists()
     for d in rows:
         c = d.claim
@@ -443,22 +444,13 @@ def test_groups_read_the_result_of_their_oldest_member_only(signed_in, monday, m
 def test_a_diagnosis_stored_without_its_key_is_grouped_from_its_result(signed_in, monday):
     expected = expected_monday()
     before = unescape(signed_in.get(URL).content.decode())
-    ids = list(ClaimDiagnosis.objects.order_by("claim__name").values_list("id", flat=True))
-    ClaimDiagnosis.objects.filter(id__in=ids[::2]).update(group_key="")
-    # A writer that does not know the column (the previous release, during an upgrade) leaves it out.
-    old = ClaimDiagnosis.objects.get(id=ids[1])
-    old.delete()
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "INSERT INTO claims_claimdiagnosis (claim_id, category, summary, result, computed_at)"
-            " VALUES (%s, %s, %s, %s, %s)",
-            [old.claim_id, old.category, old.summary, json.dumps(old.result), old.computed_at],
-        )
-    assert ClaimDiagnosis.objects.get(claim_id=old.claim_id).group_key == ""
-    # Such a writer also leaves the key of the diagnosis it replaced: one of another category is not used.
-    other = ClaimDiagnosis.objects.exclude(category="capacity").exclude(group_key="").first()
-    assert other is not None
-    ClaimDiagnosis.objects.filter(pk=other.pk).update(group_key="capacity-0123456789")
+    claims = list(ResourceClaim.objects.filter(diagnosis__isnull=False).order_by("name"))
+    shapes = [own_shape(c) for c in claims]
+    # A key lost (a damaged row) is computed from the result.
+    DiagnosisShape.objects.filter(id__in=[s.pk for s in shapes[::2]]).update(group_key="")
+    # A key not of the row's category is not used either.
+    other = next(s for s in shapes[1::2] if s.category != "capacity")
+    DiagnosisShape.objects.filter(pk=other.pk).update(group_key="capacity-0123456789")
     after = unescape(signed_in.get(URL).content.decode())
     assert Counter(groups_shown(after)) == Counter(expected.groups)
     assert re.findall(r'data-cause="([^"]+)"', after) == re.findall(r'data-cause="([^"]+)"', before)
@@ -468,8 +460,8 @@ def test_a_summary_naming_a_foreign_claim_is_redacted_in_rows_and_causes(client,
     # Summaries name holders ("held by ml-train/pretrain-0"); the list reads them from their own column.
     claim = ResourceClaim.objects.filter(state="pending", namespace="research").order_by("created_at")[0]
     said = "All 4 matching devices are held by ml-train/pretrain-secret."
-    d = ClaimDiagnosis.objects.get(claim=claim)
-    ClaimDiagnosis.objects.filter(pk=d.pk).update(summary=said, result={**d.result, "summary": said})
+    shape = own_shape(claim)
+    DiagnosisShape.objects.filter(pk=shape.pk).update(summary=said, result={**shape.result, "summary": said})
     user = get_user_model().objects.create_user("carol", password=PASSWORD)
     NamespaceGrant.objects.create(user=user, namespace="research")
     client.force_login(user)
@@ -541,10 +533,14 @@ def test_a_restricted_reader_groups_by_the_same_keys_as_everyone(client, monday)
     from claims.tasks import cause_key
 
     claim = ResourceClaim.objects.filter(state="pending", namespace="research").order_by("created_at")[0]
-    d = ClaimDiagnosis.objects.get(claim=claim)
-    result = {**d.result, "category": "fits", "suggestions": ["Wait for ml-train/pretrain-secret to end."]}
+    shape = own_shape(claim)
+    result = {
+        **shape.result,
+        "category": "fits",
+        "suggestions": ["Wait for ml-train/pretrain-secret to end."],
+    }
     key = cause_key("sim", claim, result)
-    ClaimDiagnosis.objects.filter(pk=d.pk).update(category="fits", result=result, group_key=key)
+    DiagnosisShape.objects.filter(pk=shape.pk).update(category="fits", result=result, group_key=key)
     pages = {}
     for name, grants in (("erin", ["research", "ml-train"]), ("dave", ["research"])):
         user = get_user_model().objects.create_user(name, password=PASSWORD)
