@@ -24,17 +24,17 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 from uuid import uuid4
 
 import orjson
 from celery import shared_task
 from django.conf import settings
-from django.db import transaction
+from django.db import OperationalError, connection, transaction
 from django.db.models import DateTimeField, Expression, JSONField, Value
 from django.utils import timezone
 
@@ -62,6 +62,8 @@ CAUSE_REFRESH = timedelta(seconds=60)  # an unchanged cause's last_seen, summary
 FREEZE_ABOVE = 50_000  # objects of a live fleet above which it is frozen out of the collector's sight
 PREPARE_ABOVE = 20  # diagnoses of one state above which the fleet's indexes are built up front
 _local_marks: dict[str, float] = {}
+_T = TypeVar("_T")
+DEADLOCK_SQLSTATE = "40P01"  # PostgreSQL's deadlock_detected
 
 
 def _marker(cluster: str) -> str:
@@ -565,7 +567,8 @@ def _diagnose_some(
     date once the transaction commits."""
     rows = list(ResourceClaim.objects.filter(id__in=ids, state="pending").order_by("id")) if ids else []
     diagnosed, failed = _texts(cluster, Shapes(state), rows)
-    with transaction.atomic():
+
+    def write() -> tuple[_Stored, int]:
         done = _store_texts(cluster, live.fleet.cluster_id, diagnosed, at, live.causes, live.shapes)
         removed, _ = (
             ClaimDiagnosis.objects.filter(claim__cluster__name=cluster)
@@ -577,8 +580,36 @@ def _diagnose_some(
         _remember_on_commit(live, done, replace=False)
         if done.written or removed:
             transaction.on_commit(lambda: notify_pending_changed(cluster))
+        return done, removed
+
+    done, removed = _committed(cluster, write)
     counts = {"diagnosed": len(rows), "written": done.written, "removed": removed}
     return {**counts, "failed": len(failed)} if failed else counts
+
+
+DEADLOCK_TRIES = 3
+
+
+def _committed(cluster: str, write: Callable[[], _T]) -> _T:
+    """``write()`` in one transaction, run again when PostgreSQL broke a deadlock by aborting it.
+
+    The watch worker's claim upserts lock claims (exclusively: they set the uid, a key) in their batch's
+    order, and the foreign-key checks of new diagnosis rows lock those claims (KEY SHARE) at commit, in
+    the rows' order: the two can deadlock under churn. The diagnoses are still those of the state, so the
+    writes are tried again rather than dropped for a full recompute. Inside a caller's transaction (tests)
+    a deadlock is the caller's to handle."""
+    for attempt in range(1, DEADLOCK_TRIES + 1):
+        try:
+            with transaction.atomic():
+                return write()
+        except OperationalError as exc:
+            deadlock = getattr(exc.__cause__, "sqlstate", None) == DEADLOCK_SQLSTATE
+            if not deadlock or attempt == DEADLOCK_TRIES or connection.in_atomic_block:
+                raise
+            log.warning(
+                "diagnoses of %s: a deadlock aborted the write (try %d); writing again", cluster, attempt
+            )
+    raise AssertionError("unreachable")  # the loop returns or raises
 
 
 def _drop_failed(failed: list[ResourceClaim]) -> int:
@@ -732,8 +763,9 @@ def _diagnose_pending(cluster: str, state: FleetState, at: datetime, live: _Live
     if pending:
         prepare(state)
     diagnosed, failed = _texts(cluster, Shapes(state), pending)
+
     # One transaction: a page never shows half old, half new diagnoses of one fleet state.
-    with transaction.atomic():
+    def write() -> _Stored:
         done = _store_texts(cluster, live.fleet.cluster_id, diagnosed, at, None, None)  # every cause
         ClaimDiagnosis.objects.filter(claim__cluster__name=cluster).exclude(claim__state="pending").delete()
         _drop_failed(failed)
@@ -741,6 +773,9 @@ def _diagnose_pending(cluster: str, state: FleetState, at: datetime, live: _Live
         _remember_on_commit(live, done, replace=True)
         # Open pending pages refetch their rows (claims.consumers); after commit, like every side effect.
         transaction.on_commit(lambda: notify_pending_changed(cluster))
+        return done
+
+    done = _committed(cluster, write)
     if done.drifted:
         # The incremental path (or a change it has not applied yet) held these differently.
         log.warning("recompute_diagnoses: %d stored diagnoses of %s were out of date", done.drifted, cluster)

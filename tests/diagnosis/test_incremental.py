@@ -17,6 +17,8 @@ import copy
 import gc
 import json
 import random
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +26,7 @@ from typing import Any
 import pytest
 import redis
 from django.conf import settings
-from django.db import connection
+from django.db import connection, connections
 
 from claims import changelog, tasks
 from claims.diagnosis import diagnose
@@ -504,6 +506,58 @@ def test_claims_of_one_shape_share_one_stored_row_which_an_update_rewrites_alone
     tasks.update_diagnoses(name)
     assert not ClaimDiagnosis.objects.filter(claim__cluster__name=name).exists()
     assert not DiagnosisShape.objects.filter(cluster__name=name).exists()
+
+
+def test_an_update_whose_write_deadlocks_with_a_claim_writer_writes_again(
+    quiet: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The deadlock of the watch worker's claim upserts with the diagnosis write, made on purpose: another
+    # transaction locks claim b, the update's commit locks claim a for its foreign-key check and waits
+    # for b, and the other transaction then asks for a. PostgreSQL aborts the update (the first waiter).
+    name = "incr-deadlock"
+    fleet = new_fleet(name, random.Random(4))
+    fleet.set_node("h1", "H100", "full", 2, {})
+    tasks.update_diagnoses(name)  # the full recompute
+    for claim_name in ("a", "b"):
+        claim = nvidia.claim_object("team", claim_name, [nvidia.exactly_request("gpu", "gpu.nvidia.com", 4)])
+        fleet.write([{**claim, "kind": "ResourceClaim"}])
+    a, b = ResourceClaim.objects.filter(cluster__name=name).order_by("id").values_list("id", flat=True)
+    table = ResourceClaim._meta.db_table
+    locked, failures = threading.Event(), []
+
+    def other_writer() -> None:
+        other = connections.create_connection("default")
+        try:
+            other.set_autocommit(False)
+            with other.cursor() as cursor:
+                cursor.execute(f"SELECT 1 FROM {table} WHERE id = %s FOR UPDATE", [b])
+                locked.set()
+                deadline = time.monotonic() + 30
+                waiting = 0
+                while not waiting and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                    cursor.execute(
+                        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                        " AND pid <> pg_backend_pid() AND datname = current_database()"
+                    )
+                    waiting = cursor.fetchone()[0]
+                cursor.execute(f"SELECT 1 FROM {table} WHERE id = %s FOR UPDATE", [a])
+            other.commit()
+        except Exception as exc:  # the other writer aborted instead: the test fails below
+            failures.append(exc)
+        finally:
+            other.close()
+
+    thread = threading.Thread(target=other_writer)
+    thread.start()
+    assert locked.wait(30)
+    with caplog.at_level("WARNING", logger="claims.tasks"):
+        counts = tasks.update_diagnoses(name)
+    thread.join(60)
+    assert not failures, failures
+    assert "a deadlock aborted the write (try 1)" in caplog.text
+    assert "full" not in counts and counts["written"] == 2, counts
+    assert stored(name) == fresh(name) and len(stored(name)) == 2
 
 
 def test_an_update_leaves_no_reference_cycles_of_its_own(quiet: None) -> None:
