@@ -20,7 +20,7 @@ class DiagnosisShape(models.Model):
 
     Claims made from one template pend by the thousand and read the fleet alike: their diagnosis is
     computed once, and stored once, so that an update of the fleet's counts rewrites a few rows, not one
-    per claim. ``key`` is the digest of the shape (of one claim, for a claim diagnosed alone). When
+    per claim. ``key`` is the digest of the shape (``claim-<id>`` for a claim diagnosed alone). When
     ``named``, the result and summary hold the placeholders of ``claims.shaped``, and each claim reads them
     with its own names put back (``ClaimDiagnosis.result``). ``group_key`` is the result's cause
     (``claims.causes.cause_of``), which never reads names. One writer: the diagnosis task."""

@@ -2,6 +2,11 @@
 # The stored diagnoses are derived data: they are dropped here and the diagnosis worker's first run after
 # the upgrade (a full recompute: its process has no fleet yet) stores them again. Kept pending causes
 # (PendingCause, the triage's history) are not touched.
+#
+# The rows are dropped after the old columns: on PostgreSQL dropping a column holds the table's exclusive
+# lock to the end of the migration, so a worker of the previous release still writing cannot add a row
+# that the new non-null column would refuse. Reversed, the rows are dropped before the old non-null
+# columns come back.
 
 import django.db.models.deletion
 from django.db import migrations, models
@@ -14,7 +19,6 @@ def drop_diagnoses(apps, schema_editor):
 class Migration(migrations.Migration):
     dependencies = [
         ("claims", "0008_diagnosis_group_key"),
-        ("fleet", "0001_initial"),
     ]
 
     operations = [
@@ -35,12 +39,12 @@ class Migration(migrations.Migration):
                 "constraints": [models.UniqueConstraint(fields=("cluster", "key"), name="diagnosis_shape_key")],
             },
         ),
-        migrations.RunPython(drop_diagnoses, migrations.RunPython.noop),
         migrations.RemoveField(model_name="claimdiagnosis", name="category"),
         migrations.RemoveField(model_name="claimdiagnosis", name="summary"),
         migrations.RemoveField(model_name="claimdiagnosis", name="result"),
         migrations.RemoveField(model_name="claimdiagnosis", name="group_key"),
         migrations.RemoveField(model_name="claimdiagnosis", name="computed_at"),
+        migrations.RunPython(drop_diagnoses, drop_diagnoses),
         migrations.AddField(
             model_name="claimdiagnosis",
             name="pod_name",

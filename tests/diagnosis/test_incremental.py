@@ -501,6 +501,14 @@ def test_claims_of_one_shape_share_one_stored_row_which_an_update_rewrites_alone
         == links
     )
     assert stored(name) == fresh(name)
+    # A claim joining the unchanged shape shows it computed on the state that found the claim.
+    claim = nvidia.claim_object("team", "alike-4", [nvidia.exactly_request("gpu", "gpu.nvidia.com", 4)])
+    fleet.write([{**claim, "kind": "ResourceClaim"}])
+    tasks.update_diagnoses(name, now="2031-01-01T00:00:00+00:00")
+    joined = ClaimDiagnosis.objects.select_related("shape").get(
+        claim__cluster__name=name, claim__name="alike-4"
+    )
+    assert joined.shape_id == links[0][1] and joined.computed_at.year == 2031
     # Once no claim reads it, the shape goes (the claims' rows went with the claims).
     fleet.write([], fleet.pending())
     tasks.update_diagnoses(name)
