@@ -55,9 +55,7 @@ class ClaimDiagnosis(models.Model):
         return f"{self.claim}: {self.category}"
 
     def _named(self, text: str) -> str:
-        if not self.shape.named:
-            return text
-        return put_names(text, self.claim.name, self.claim.uid, self.pod_name)
+        return put_names(text, self.claim.name, self.claim.uid, self.pod_name, named=self.shape.named)
 
     @property
     def category(self) -> str:

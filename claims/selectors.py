@@ -159,10 +159,10 @@ def pending_items(vis: Visibility, cluster: str = "", namespace: str = "") -> li
     # the page's time, and a page shows the results of a few rows only (see with_results).
     briefs: dict[int, Brief] = {}
     keyless: list[int] = []
-    for claim_id, named, key, category, summary, name, uid, pod in ClaimDiagnosis.objects.filter(
+    for claim_id, key, category, summary, *names in ClaimDiagnosis.objects.filter(
         claim_id__in=[c.pk for c in claims]
-    ).values_list(*_SHAPE, "shape__group_key", "shape__category", "shape__summary", *_NAMES):
-        summary = put_names(summary, name, uid, pod) if named else summary
+    ).values_list("claim_id", "shape__group_key", "shape__category", "shape__summary", *_READ_WITH):
+        summary = _own(summary, *names)
         # A key not of the row's category (a damaged row): the row is grouped from its result.
         if key.startswith(f"{category}-"):
             briefs[claim_id] = Brief(key, category, summary)
@@ -253,18 +253,21 @@ def _listed_results(claim_ids: list[int]) -> dict[int, Any]:
     if not claim_ids:
         return {}
     return {
-        claim_id: _listed(orjson.loads(put_names(text, name, uid, pod) if named else text))
-        for claim_id, named, name, uid, pod, text in ClaimDiagnosis.objects.filter(claim_id__in=claim_ids)
+        claim_id: _listed(orjson.loads(_own(text, *names)))
+        for claim_id, text, *names in ClaimDiagnosis.objects.filter(claim_id__in=claim_ids)
         .annotate(text=ListedResult())
-        .values_list(*_SHAPE, *_NAMES, "text")
+        .values_list("claim_id", "text", *_READ_WITH)
         if text is not None
     }
 
 
-# What a claim's stored diagnosis is read with: whether its shape's text holds placeholders, and the names
-# that replace them (claims.shaped).
-_SHAPE = ("claim_id", "shape__named")
-_NAMES = ("claim__name", "claim__uid", "pod_name")
+# What a claim's stored diagnosis is read with (claims.shaped): the names that replace the placeholders,
+# and whether its shape's text holds them.
+_READ_WITH = ("claim__name", "claim__uid", "pod_name", "shape__named")
+
+
+def _own(text: str, name: str, uid: str, pod_name: str, named: bool) -> str:
+    return put_names(text, name, uid, pod_name, named=named)
 
 
 def _redacted_brief(brief: Brief | None, vis: Visibility, cluster: str) -> Brief | None:

@@ -11,9 +11,11 @@ SHAPE_POD = "claimscope-shapepod-5f0c2a9e"
 PLACEHOLDERS = (SHAPE_NAME, SHAPE_UID, SHAPE_POD)
 
 
-def put_names(text: str, name: str, uid: str, pod_name: str) -> str:
-    """``text`` (a shared diagnosis, JSON or its summary) with the placeholders replaced by a claim's own
-    names. Names and uids are DNS labels and UUIDs: nothing to escape in JSON."""
-    if "claimscope-shape" not in text:  # the common prefix of the three: most summaries have none
+def put_names(text: str, name: str, uid: str, pod_name: str, *, named: bool) -> str:
+    """``text`` (a stored diagnosis, JSON or its summary) as a claim reads it: when ``named`` (the shape's
+    flag: its text holds the placeholders), with them replaced by the claim's own names. A claim diagnosed
+    alone is read as stored, even when its own names contain a placeholder. Names and uids are DNS labels
+    and UUIDs: nothing to escape in JSON."""
+    if not named or "claimscope-shape" not in text:  # the three's common prefix: most summaries have none
         return text
     return text.replace(SHAPE_NAME, name).replace(SHAPE_UID, uid).replace(SHAPE_POD, pod_name)

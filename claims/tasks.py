@@ -137,7 +137,7 @@ class Diagnosed:
 
     def own(self, text: str) -> str:
         """``text`` (the shape's diagnosis or summary) as this claim reads it."""
-        return put_names(text, self.name, self.uid, self.pod_name) if self.named else text
+        return put_names(text, self.name, self.uid, self.pod_name, named=self.named)
 
 
 class Shapes:

@@ -99,10 +99,8 @@ class PendingViewSet(NamespacedViewSet):
         vis = visibility_for(self.request.user)
         for r in page:
             category = r.pop("diagnosis__shape__category")
-            said = r.pop("diagnosis__shape__summary") or ""
-            if r.pop("diagnosis__shape__named"):
-                said = put_names(said, r["name"], r["uid"], r["diagnosis__pod_name"] or "")
-            del r["diagnosis__pod_name"]
+            named, pod = r.pop("diagnosis__shape__named"), r.pop("diagnosis__pod_name")
+            said = put_names(r.pop("diagnosis__shape__summary") or "", r["name"], r["uid"], pod, named=named)
             # The summary names the claims holding the devices wanted: hide those of other namespaces.
             summary = redact_text(said, vis, r["cluster__name"]) if category else None
             computed_at = r.pop("diagnosis__shape__computed_at")

@@ -64,7 +64,7 @@ def stored_diagnosis(services: PrivateServices, namespace: str, name: str) -> tu
     if row is None:
         return None
     category, summary, named, claim, uid, pod = row
-    return str(category), put_names(summary, claim, uid, pod) if named else str(summary)
+    return str(category), put_names(summary, claim, uid, pod, named=named)
 
 
 def fitting(diagnosis: tuple[str, str] | None) -> tuple[str, str] | None:
