@@ -4,9 +4,9 @@ A change event names the keys a committed batch wrote and deleted (``fleet.inges
 :meth:`LiveFleet.apply` reads just those rows back (their stored raw JSON, made lean exactly as
 ``FleetState.from_db(lean=True)`` does) instead of the whole fleet, and says what the batch reached: the
 pools whose devices or holders changed (old and new), the claims whose own object or pods changed, or
-everything (a relist, a class or node change). :func:`affected` turns that into the pending claims to
-diagnose again (``claims.diagnosis.footprint``). Reading and deciding only: the diagnosis task
-(``claims.tasks``) writes.
+everything (a relist too large to name its keys, a class or node change). :func:`affected` turns that
+into the pending claims to diagnose again (``claims.diagnosis.footprint``). Reading and deciding only:
+the diagnosis task (``claims.tasks``) writes.
 
 Applying an event twice is harmless (the rows are read back as they are now), so a worker that is not
 sure which events it saw reloads, or replays a few too many.
@@ -216,7 +216,10 @@ class LiveFleet:
         written: dict[str, set[Key]] = {}
         for event in events:
             kind = str(event.get("kind", ""))
-            if event.get("imported") or (kind in READ and event.get("resync")):
+            # A relist's event names its keys when few (fleet.ingest.events): then it is applied key by
+            # key like a watch batch; else the kind is read again whole.
+            whole = event.get("resync") and not isinstance(event.get("written"), list)
+            if event.get("imported") or (kind in READ and whole):
                 reach.everything = True
                 for k in [kind] if kind in READ else READ:
                     self._reload(k)

@@ -110,6 +110,7 @@ def replace_all(
             log.warning("%s/%s: list at %d is older than our cursor %d; replacing all", cluster.name, kind,
                         list_resource_version, int(stored[0]))  # fmt: skip
             records = list(records)
+            result.named = False
             all_keys = [
                 tuple(k)
                 for k in spec.model._default_manager.filter(cluster=cluster).values_list(*spec.natural_key)

@@ -16,17 +16,24 @@ from fleet.models import Cluster
 
 log = logging.getLogger(__name__)
 
+RELIST_KEYS = 2000  # a relist that wrote and deleted at most this many objects names them in its event
+
 
 def change_event(cluster: Cluster, result: BatchResult) -> dict[str, Any]:
     """The event a committed batch publishes. Every event has "type", "cluster" and "kind" (all that the
     feed and the diagnosis trigger read). A watch batch names the keys it wrote and deleted ("written",
     "deleted": "name" or "namespace/name") and, when known, the pools whose devices or allocations it may
     have changed ("pools": [driver, pool] pairs, old and new; the heatmap re-reads only those); a relist
-    says ``"resync": True`` with counts only ("written_count", "deleted_count"): listing tens of thousands
-    of keys cost seconds to build and send, and a relist can change anything of its kind anyway."""
+    says ``"resync": True`` with counts ("written_count", "deleted_count"), and names its keys as a watch
+    batch does only when they are at most ``RELIST_KEYS``: listing tens of thousands of keys (an initial
+    sync) cost seconds to build and send, while a relist after a watch restart writes the few objects that
+    changed meanwhile, and a reader given its keys (the diagnosis) need not reread the whole kind."""
     event: dict[str, Any] = {"type": "fleet.change", "cluster": cluster.name, "kind": result.kind}
     if result.resync:
         event.update(resync=True, written_count=len(result.written), deleted_count=len(result.deleted))
+        if result.named and len(result.written) + len(result.deleted) <= RELIST_KEYS:
+            event["written"] = ["/".join(k) for k in result.written]
+            event["deleted"] = ["/".join(k) for k in result.deleted]
     else:
         event["written"] = ["/".join(k) for k in result.written]
         event["deleted"] = ["/".join(k) for k in result.deleted]

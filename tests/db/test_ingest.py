@@ -372,14 +372,43 @@ def test_an_initial_relist_holds_off_its_own_stream_only_until_it_commits():
     assert ingest.apply_batch(first, "Node", upserts(node("n1", 1))).written == [("n1",)]
 
 
-def test_a_relist_publishes_one_resync_event_with_counts(
+def relist_events(cluster, monkeypatch, capture, records, version):
+    sent: list[dict] = []
+    monkeypatch.setattr(ingest.events, "publish", sent.append)
+    with capture(execute=True):
+        ingest.replace_all(cluster, "Node", records, list_resource_version=version)
+    return sent
+
+
+def test_a_relist_publishes_one_resync_event_with_counts_naming_its_keys_when_few(
+    cluster, monkeypatch, django_capture_on_commit_callbacks
+):
+    ingest.apply_batch(cluster, "Node", upserts(node("old", 1), node("same", 2)))
+    sent = relist_events(
+        cluster, monkeypatch, django_capture_on_commit_callbacks, [node("n1", 2), node("same", 2)], 10
+    )
+    assert sent == [
+        {
+            "type": "fleet.change",
+            "cluster": "test",
+            "kind": "Node",
+            "resync": True,
+            "written_count": 1,
+            "deleted_count": 1,
+            "written": ["n1"],
+            "deleted": ["old"],
+        }
+    ]
+
+
+def test_a_relist_of_more_than_relist_keys_objects_publishes_counts_only(
     cluster, monkeypatch, django_capture_on_commit_callbacks
 ):
     ingest.apply_batch(cluster, "Node", upserts(node("old", 1)))
-    sent: list[dict] = []
-    monkeypatch.setattr(ingest.events, "publish", sent.append)
-    with django_capture_on_commit_callbacks(execute=True):
-        ingest.replace_all(cluster, "Node", [node("n1", 2), node("n2", 3)], list_resource_version=10)
+    monkeypatch.setattr(ingest.events, "RELIST_KEYS", 2)
+    sent = relist_events(
+        cluster, monkeypatch, django_capture_on_commit_callbacks, [node("n1", 2), node("n2", 3)], 10
+    )
     assert sent == [
         {
             "type": "fleet.change",
@@ -390,6 +419,17 @@ def test_a_relist_publishes_one_resync_event_with_counts(
             "deleted_count": 1,
         }
     ]
+
+
+def test_a_relist_that_replaced_everything_publishes_counts_only(
+    cluster, monkeypatch, django_capture_on_commit_callbacks
+):
+    # A server gone back in time: every stored row is deleted first, which the result does not list.
+    ingest.replace_all(cluster, "Node", [node("old", 50)], list_resource_version=60)
+    sent = relist_events(cluster, monkeypatch, django_capture_on_commit_callbacks, [node("n1", 2)], 10)
+    assert len(sent) == 1 and sent[0]["resync"] is True
+    assert "written" not in sent[0] and "deleted" not in sent[0]
+    assert list(Node.objects.filter(cluster=cluster).values_list("name", flat=True)) == ["n1"]
 
 
 @pytest.mark.parametrize("n", [3, ingest.COPY_ROWS + 10])  # statements, then COPY

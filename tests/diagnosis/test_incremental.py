@@ -1,7 +1,8 @@
 """The incremental diagnosis holds exactly what a full recompute computes.
 
 Random streams of fleet changes (devices added and removed, taints, allocations made and freed, pending
-claims created, allocated and deleted, pods, classes) go through ingest into PostgreSQL; after each step
+claims created, allocated and deleted, pods, classes) go through ingest into PostgreSQL, as watch batches
+or as relists of their kinds; after each step
 ``update_diagnoses`` applies the logged change events to the worker's in-memory fleet and re-diagnoses the
 claims they reached; what it stored must equal, byte for byte, the diagnosis of every pending claim on a
 fleet freshly loaded from the database; at the end the full recompute must find nothing to change.
@@ -43,6 +44,7 @@ from tests import seeds
 pytestmark = pytest.mark.django_db(transaction=True)
 SEEDS = Path(__file__).with_name("incremental_seeds.txt")
 STEPS = 30
+RELISTED = 0.15  # of the writes go in as a relist
 Obj = dict[str, Any]
 GPU = "device.attributes['gpu.nvidia.com']"
 SPREAD = "0/3 nodes are available: 3 node(s) didn't match pod topology spread constraints."
@@ -64,6 +66,10 @@ class Fleet:
             str, tuple[str, str, int, dict[int, list[Obj]]]
         ] = {}  # name -> model, mode, gpus, taints
         self.serial = 0
+        # Whether a write goes in as a relist of each kind it touches (a watch restarted), drawn from a
+        # generator of its own: the kept seeds' streams of changes stay what they were.
+        self.relists = random.Random(f"relists of {cluster.name}")
+        self.relist_share, self.relist_keys = RELISTED, [0, 1, 2000]
 
     # -- writing
 
@@ -82,7 +88,15 @@ class Fleet:
             gone["metadata"]["resourceVersion"] = str(self.version)
             by_kind.setdefault(obj["kind"], []).append(ingest.Change("delete", normalize(obj["kind"], gone)))
         for kind in ("DeviceClass", "Node", "ResourceSlice", "DeviceTaintRule", "ResourceClaim", "Pod"):
-            if kind in by_kind:
+            if kind not in by_kind:
+                continue
+            if self.relists.random() < self.relist_share:
+                # Its event names the keys it changed, or counts them only when there are more than
+                # RELIST_KEYS (0 or 1 here, at times): the diagnosis then reads the kind again whole.
+                ingest.events.RELIST_KEYS = self.relists.choice(self.relist_keys)
+                listed = [normalize(kind, o) for o in self.of(kind)]
+                ingest.replace_all(self.cluster, kind, listed, list_resource_version=self.version)
+            else:
                 ingest.apply_batch(self.cluster, kind, by_kind[kind])
 
     def of(self, kind: str) -> list[Obj]:
@@ -361,6 +375,7 @@ def quiet(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(tasks.update_diagnoses, "apply_async", lambda *a, **kw: None)
     monkeypatch.setattr(tasks, "notify_pending_changed", lambda cluster: None)
     monkeypatch.setattr(tasks, "PREPARE_ABOVE", tasks.PREPARE_ABOVE)  # run_stream picks its own
+    monkeypatch.setattr(ingest.events, "RELIST_KEYS", ingest.events.RELIST_KEYS)  # and Fleet.write
     tasks.forget()
     yield
     tasks.forget()
@@ -514,6 +529,30 @@ def test_claims_of_one_shape_share_one_stored_row_which_an_update_rewrites_alone
     tasks.update_diagnoses(name)
     assert not ClaimDiagnosis.objects.filter(claim__cluster__name=name).exists()
     assert not DiagnosisShape.objects.filter(cluster__name=name).exists()
+
+
+@pytest.mark.parametrize(("relist_keys", "diagnosed"), [(2000, 2), (0, 4)])
+def test_a_relist_naming_its_keys_rediagnoses_only_the_claims_it_reached(
+    quiet: None, relist_keys: int, diagnosed: int
+) -> None:
+    # A watch restarted: the relist of the slices finds one node grown. Named, its keys reach the pool of
+    # that node, read by the GPU claims only; counted only, they reach every pending claim.
+    name = f"incr-relist-{relist_keys}"
+    fleet = new_fleet(name, random.Random(5))
+    fleet.set_node("h1", "H100", "full", 2, {})
+    fleet.set_node("a1", "A100", "static-mig", 1, {})
+    for i, request in enumerate(
+        [nvidia.exactly_request("gpu", "gpu.nvidia.com", n) for n in (3, 4)]
+        + [nvidia.exactly_request("mig", "mig.nvidia.com", n) for n in (8, 9)]
+    ):
+        claim = nvidia.claim_object("team", f"want-{i}", [request])
+        fleet.write([{**claim, "kind": "ResourceClaim"}])
+    tasks.update_diagnoses(name)  # the full recompute
+    fleet.relist_share, fleet.relist_keys = 1.0, [relist_keys]
+    fleet.set_node("h1", "H100", "full", 3, {})
+    counts = tasks.update_diagnoses(name)
+    assert "full" not in counts and counts["diagnosed"] == diagnosed, counts
+    assert stored(name) == fresh(name) and len(stored(name)) == 4
 
 
 def test_an_update_whose_write_deadlocks_with_a_claim_writer_writes_again(
