@@ -531,6 +531,38 @@ def test_claims_of_one_shape_share_one_stored_row_which_an_update_rewrites_alone
     assert not DiagnosisShape.objects.filter(cluster__name=name).exists()
 
 
+def test_an_update_reads_again_only_the_pending_claims_that_changed(quiet: None) -> None:
+    from django.test.utils import CaptureQueriesContext
+
+    name = "incr-rows"
+    fleet = new_fleet(name, random.Random(6))
+    fleet.set_node("h1", "H100", "full", 2, {})
+    for i in range(3):
+        claim = nvidia.claim_object("team", f"want-{i}", [nvidia.exactly_request("gpu", "gpu.nvidia.com", 4)])
+        fleet.write([{**claim, "kind": "ResourceClaim"}])
+    tasks.update_diagnoses(name)  # the full recompute
+    kept = dict(tasks._live[name].claims)
+    changed = copy.deepcopy(fleet.objects[("ResourceClaim", "team", "want-1")])
+    changed["spec"]["devices"]["requests"][0]["exactly"]["count"] = 5
+    fleet.write([changed])
+    fleet.set_node("h1", "H100", "full", 3, {})  # every claim's counts change
+    with CaptureQueriesContext(connection) as queries:
+        counts = tasks.update_diagnoses(name)
+    assert counts["diagnosed"] == 3, counts
+    reads = [q["sql"] for q in queries if q["sql"].startswith("SELECT") and '"raw"' in q["sql"]]
+    assert len(reads) == 1 and '"claims_resourceclaim"' in reads[0], reads
+    now = tasks._live[name].claims
+    want = {c.name: pk for pk, c in kept.items()}
+    assert now[want["want-0"]] is kept[want["want-0"]] and now[want["want-2"]] is kept[want["want-2"]]
+    assert now[want["want-1"]] is not kept[want["want-1"]]
+    assert now[want["want-1"]].raw["spec"]["devices"]["requests"][0]["exactly"]["count"] == 5
+    assert stored(name) == fresh(name)
+    # A claim deleted meanwhile leaves the rows kept.
+    fleet.write([], [fleet.objects[("ResourceClaim", "team", "want-0")]])
+    tasks.update_diagnoses(name)
+    assert set(tasks._live[name].claims) == {want["want-1"], want["want-2"]}
+
+
 @pytest.mark.parametrize(("relist_keys", "diagnosed"), [(2000, 2), (0, 4)])
 def test_a_relist_naming_its_keys_rediagnoses_only_the_claims_it_reached(
     quiet: None, relist_keys: int, diagnosed: int
