@@ -113,8 +113,11 @@ class LiveFleet:
     objects: dict[str, dict[Key, Obj]] = field(default_factory=lambda: {k: {} for k in KINDS})
     shared: dict[Any, Any] = field(default_factory=dict, repr=False)
     rows: DeviceRows = field(default_factory=DeviceRows, repr=False)
-    # Each kind's objects in FleetState.from_db's order, until the kind changes.
+    # Each kind's objects in FleetState.from_db's order, once asked for, and their sort keys (name,
+    # namespace): a change puts its object in place rather than sorting the kind again (40,000 claims and
+    # as many pods at L, on every update under churn).
     _ordered: dict[str, list[Obj]] = field(default_factory=dict, repr=False)
+    _sort_keys: dict[str, list[Key]] = field(default_factory=dict, repr=False)
     # Pods by the claims they name, claims by the devices they hold: what a state would build by walking
     # every pod and claim on each update (0.2 s each at L), kept up to date object by object instead.
     pods_by_claim: dict[Key, list[Obj]] = field(default_factory=dict, repr=False)
@@ -153,7 +156,8 @@ class LiveFleet:
         ordered = self._ordered.get(kind)
         if ordered is None:
             table = self.objects[kind]
-            ordered = self._ordered[kind] = [table[k] for k in sorted(table, key=lambda k: (k[1], k[0]))]
+            keys = self._sort_keys[kind] = sorted((name, ns) for ns, name in table)
+            ordered = self._ordered[kind] = [table[(ns, name)] for name, ns in keys]
         return ordered
 
     def _replace(self, kind: str, key: Key, new: Obj | None) -> Obj | None:
@@ -165,7 +169,19 @@ class LiveFleet:
             table.pop(key, None)
         else:
             table[key] = new
-        self._ordered.pop(kind, None)
+        ordered = self._ordered.get(kind)
+        if ordered is not None:  # a state's lists are copies: this one may change in place
+            keys, at = self._sort_keys[kind], (key[1], key[0])
+            i = bisect.bisect_left(keys, at)
+            found = i < len(keys) and keys[i] == at
+            if new is None:
+                if found:
+                    del keys[i], ordered[i]
+            elif found:
+                ordered[i] = new
+            else:
+                keys.insert(i, at)
+                ordered.insert(i, new)
         self._relink(kind, old, new)
         return old
 
