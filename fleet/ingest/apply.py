@@ -103,6 +103,7 @@ def replace_all(
         )
         # A list that replaces a position the stream had is a relist (the first list is not).
         relisted = bool(stored) and int(stored[0]) > 0
+        replaced: list[tuple[str, ...]] = []  # deleted before the list is written (see below)
         if stored and int(stored[0]) > list_resource_version:
             # The server went back in time (etcd restored, cluster rebuilt under the same name): our
             # rows may carry versions the server will never reach again, so the fence cannot apply.
@@ -110,7 +111,6 @@ def replace_all(
             log.warning("%s/%s: list at %d is older than our cursor %d; replacing all", cluster.name, kind,
                         list_resource_version, int(stored[0]))  # fmt: skip
             records = list(records)
-            result.named = False
             all_keys = [
                 tuple(k)
                 for k in spec.model._default_manager.filter(cluster=cluster).values_list(*spec.natural_key)
@@ -118,7 +118,7 @@ def replace_all(
             everything = True
             # Objects the list still has are rewritten below: for the history they never went away.
             listed_uids = {r.meta.uid for r in records}
-            rows.delete_keys(cluster, spec, all_keys, observed_at, keep_history_of=listed_uids)
+            replaced = rows.delete_keys(cluster, spec, all_keys, observed_at, keep_history_of=listed_uids)
         # Most of a relist is what is stored already, at the same resourceVersion (the same object): left
         # out before the upsert, so they cost one read of the versions instead of a staged row each. The
         # fence would skip them too (a concurrent writer is still ordered by it).
@@ -157,6 +157,9 @@ def replace_all(
             result.deleted = rows.delete_keys(
                 cluster, spec, [tuple(k) for k in absent], observed_at, max_version=list_resource_version
             )
+            # What a relist replacing everything deleted and did not write again is deleted too: else a
+            # list now empty would change the kind and publish nothing.
+            result.deleted += [k for k in replaced if tuple(k) not in present]
         # Before the read model reads what the relist wrote (see apply_batch); an initial sync always.
         if fresh:
             statistics.analyze(tables_of(spec))

@@ -31,7 +31,7 @@ def change_event(cluster: Cluster, result: BatchResult) -> dict[str, Any]:
     event: dict[str, Any] = {"type": "fleet.change", "cluster": cluster.name, "kind": result.kind}
     if result.resync:
         event.update(resync=True, written_count=len(result.written), deleted_count=len(result.deleted))
-        if result.named and len(result.written) + len(result.deleted) <= RELIST_KEYS:
+        if len(result.written) + len(result.deleted) <= RELIST_KEYS:
             event["written"] = ["/".join(k) for k in result.written]
             event["deleted"] = ["/".join(k) for k in result.deleted]
     else:

@@ -74,9 +74,6 @@ class BatchResult:
     deleted: list[tuple[str, ...]] = field(default_factory=list)
     stale: int = 0
     resync: bool = False  # a relist (replace_all): its change event names its keys only when few
-    # written and deleted name every key the batch changed. Not so for a relist that replaced everything
-    # (a server gone back in time): it deleted keys it did not report.
-    named: bool = True
     # (driver, pool) of every device or allocation row the batch may have written or deleted, old and new:
     # the heatmap re-reads only these pools. None: not known (a relist, or not PostgreSQL).
     pools: set[tuple[str, str]] | None = None

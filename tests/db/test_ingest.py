@@ -384,6 +384,7 @@ def test_a_relist_publishes_one_resync_event_with_counts_naming_its_keys_when_fe
     cluster, monkeypatch, django_capture_on_commit_callbacks
 ):
     ingest.apply_batch(cluster, "Node", upserts(node("old", 1), node("same", 2)))
+    monkeypatch.setattr(ingest.events, "RELIST_KEYS", 2)  # as many as it changed
     sent = relist_events(
         cluster, monkeypatch, django_capture_on_commit_callbacks, [node("n1", 2), node("same", 2)], 10
     )
@@ -421,15 +422,20 @@ def test_a_relist_of_more_than_relist_keys_objects_publishes_counts_only(
     ]
 
 
-def test_a_relist_that_replaced_everything_publishes_counts_only(
-    cluster, monkeypatch, django_capture_on_commit_callbacks
+@pytest.mark.parametrize("listed", [["n1"], []])
+def test_a_relist_from_a_server_gone_back_in_time_names_what_it_deleted(
+    cluster, monkeypatch, django_capture_on_commit_callbacks, listed
 ):
-    # A server gone back in time: every stored row is deleted first, which the result does not list.
+    # Every stored row is deleted before the list is written: those it does not list again are deleted
+    # for good, and the event says so, even when the list is empty.
     ingest.replace_all(cluster, "Node", [node("old", 50)], list_resource_version=60)
-    sent = relist_events(cluster, monkeypatch, django_capture_on_commit_callbacks, [node("n1", 2)], 10)
+    sent = relist_events(
+        cluster, monkeypatch, django_capture_on_commit_callbacks, [node(n, 2) for n in listed], 10
+    )
     assert len(sent) == 1 and sent[0]["resync"] is True
-    assert "written" not in sent[0] and "deleted" not in sent[0]
-    assert list(Node.objects.filter(cluster=cluster).values_list("name", flat=True)) == ["n1"]
+    assert (sent[0]["written"], sent[0]["deleted"]) == (listed, ["old"])
+    assert sent[0]["deleted_count"] == 1
+    assert list(Node.objects.filter(cluster=cluster).values_list("name", flat=True)) == listed
 
 
 @pytest.mark.parametrize("n", [3, ingest.COPY_ROWS + 10])  # statements, then COPY
