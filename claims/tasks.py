@@ -6,9 +6,9 @@ Every relevant fleet change (slices, classes, claims, pods, nodes) is appended t
 when Redis is not configured). The tasks are routed to the "diagnosis" queue, whose one worker process keeps
 the lean fleet of each cluster in memory (``claims.livestate``): an update applies the logged events to it,
 diagnoses again only the pending claims the events reached (their own object or pods, the device groups of
-their classes in the pools that changed, or everything when a class, a node, a pool problem or a relist
-changed), writes the diagnoses that differ from the stored ones and tells open pending pages
-(``/ws/pending/``).
+their classes in the pools that changed, or everything when a class, a node or a pool problem changed, or
+on a relist too large to name its keys), writes the diagnoses that differ from the stored ones and tells
+open pending pages (``/ws/pending/``).
 
 ``recompute_diagnoses`` is the full recompute: it reloads the fleet and diagnoses every pending claim. It
 runs when a process has no fleet yet (a restart) or lost events, after an import, and periodically as a
@@ -23,6 +23,7 @@ import gc
 import hashlib
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -426,6 +427,24 @@ class _Live:
 
 
 _live: dict[str, _Live] = {}  # by cluster, per worker process
+_held: dict[str, threading.RLock] = {}  # by cluster: one thread of the process at a time changes its fleet
+_held_guard = threading.Lock()
+
+
+@contextmanager
+def _in_process(cluster: str) -> Iterator[None]:
+    """Without Redis, hold ``cluster``'s fleet for this thread. With Redis the lock of
+    ``_single_flight`` keeps two runs of a cluster apart, threads included (and a run that finds it held
+    returns at once rather than keep a worker thread waiting). Without it (the demo runs tasks in each
+    ingest thread) this keeps two threads from changing one fleet's lists and kept rows at once.
+    Re-entrant: a run that ends by enqueueing the next one runs it at once where tasks run in-process."""
+    if getattr(settings, "REDIS_URL", None):
+        yield
+        return
+    with _held_guard:
+        lock = _held.setdefault(cluster, threading.RLock())
+    with lock:
+        yield
 
 
 def forget(cluster: str | None = None) -> None:
@@ -442,7 +461,7 @@ def update_diagnoses(self: Any, cluster: str, now: str | None = None) -> dict[st
     # The update's allocations (a state, its indexes, the diagnoses) trigger collections that walk every
     # object made since the fleet was frozen, over and over (0.6 s of a 2.1 s update at L); what it
     # leaves is trees and released states, and the collector resumes afterwards.
-    with cyclic_gc_paused():
+    with cyclic_gc_paused(), _in_process(cluster):
         if self.request.called_directly:
             return _update(cluster, now)
         with _single_flight(cluster) as mine:
@@ -455,10 +474,11 @@ def recompute_diagnoses(self: Any, cluster: str, now: str | None = None) -> dict
     ``now`` (ISO 8601, default the current time) stamps the results: a replay of a simulated weekend
     passes its simulated time. As a Celery task it runs once per cluster at a time
     (:func:`_single_flight`); called as a function (tests, replays) it just runs."""
-    if self.request.called_directly:
-        return _recompute(cluster, now)
-    with _single_flight(cluster) as mine:
-        return _recompute(cluster, now) if mine else {}
+    with _in_process(cluster):
+        if self.request.called_directly:
+            return _recompute(cluster, now)
+        with _single_flight(cluster) as mine:
+            return _recompute(cluster, now) if mine else {}
 
 
 @shared_task(ignore_result=True)

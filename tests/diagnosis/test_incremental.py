@@ -393,7 +393,7 @@ def assert_links_current(live: Any, loaded: FleetState, where: str) -> None:
     """The live fleet's pods by claim and holders by device are those of a fleet loaded now, in the same
     order, and hold the live fleet's current objects."""
     from claims.fleetstate import holders_by_device, pods_by_claim
-    from claims.livestate import key_of
+    from claims.livestate import READ, key_of
 
     for kind, live_index, fresh_index in (
         ("Pod", live.pods_by_claim, pods_by_claim(loaded.objects["Pod"])),
@@ -561,6 +561,32 @@ def test_an_update_reads_again_only_the_pending_claims_that_changed(quiet: None)
     fleet.write([], [fleet.objects[("ResourceClaim", "team", "want-0")]])
     tasks.update_diagnoses(name)
     assert set(tasks._live[name].claims) == {want["want-1"], want["want-2"]}
+
+
+@pytest.mark.parametrize("redis_url", ["", "redis://127.0.0.1:1/0"])
+def test_without_redis_one_thread_at_a_time_updates_a_cluster(
+    monkeypatch: pytest.MonkeyPatch, settings: Any, redis_url: str
+) -> None:
+    # The demo runs the tasks in each ingest thread, with no Redis lock between them: two must never
+    # change one cluster's fleet at once. With Redis, that lock does it (and a run finding it held returns
+    # at once): the process lock stays out of the way, so two runs here overlap.
+    settings.REDIS_URL = redis_url
+    running, most = [0], [0]
+
+    def update(cluster: str, now: str | None) -> dict[str, int]:
+        running[0] += 1
+        most[0] = max(most[0], running[0])
+        time.sleep(0.2)
+        running[0] -= 1
+        return {}
+
+    monkeypatch.setattr(tasks, "_update", update)
+    threads = [threading.Thread(target=tasks.update_diagnoses, args=["demo"]) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert most[0] == (1 if not redis_url else 3)
 
 
 @pytest.mark.parametrize(("relist_keys", "diagnosed"), [(2000, 2), (0, 4)])
