@@ -147,6 +147,7 @@ class LiveFleet:
         rows = _models()[kind].objects.filter(cluster_id=self.cluster_id)
         self.objects[kind] = {key_of(o): o for o in _stored(kind, rows, self.shared)}
         self._ordered.pop(kind, None)
+        self._sort_keys.pop(kind, None)
         if kind == "Pod":
             self.pods_by_claim = pods_by_claim(self._ordered_list(kind))
         elif kind == "ResourceClaim":

@@ -29,7 +29,7 @@ class Group:
     taints: dict[str, int] = field(default_factory=dict)
     pool_problems: set[str] = field(default_factory=set)
     # The summaries whose holders this group has: they are shared by every claim of the same shape, so the
-    # union of their holders is computed (and sorted) once per state, see Context.holders_of.
+    # union of their holders (and its oldest) is computed once per state, see Context.holders_of.
     sources: list[Summary] = field(default_factory=list)
 
 
@@ -85,7 +85,11 @@ def oldest(claims: list[Obj], n: int = HOLDERS_SHOWN) -> list[Obj]:
         return sorted(claims, key=age_key)[: max(n, 0)]
     created = [_created(c) for c in claims]
     bound = heapq.nsmallest(n, created)[-1]
-    return sorted((c for c, at in zip(claims, created, strict=True) if at <= bound), key=age_key)[:n]
+    # Fewer than n are older than the bound: all of them are in, and the claims created at the bound
+    # (a job's claims often share their second) fill the rest by name.
+    older = sorted((c for c, at in zip(claims, created, strict=True) if at < bound), key=age_key)
+    tied = (c for c, at in zip(claims, created, strict=True) if at == bound)
+    return older + heapq.nsmallest(n - len(older), tied, key=klog)
 
 
 @dataclass(frozen=True)
@@ -130,9 +134,9 @@ class Context:
     )
 
     def holders_of(self, groups: Iterable[Group]) -> Holders:
-        """The claims holding the groups' devices: all of them, and oldest first (all, and those reserved
-        for no consumer). Claims of the same shape share their summaries: this runs once per shape, not
-        once per claim over tens of thousands of holders."""
+        """The claims holding the groups' devices: all of them, and the HOLDERS_SHOWN oldest (of all, and
+        of those reserved for no consumer). Claims of the same shape share their summaries: this runs once
+        per shape, not once per claim over tens of thousands of holders."""
         sources = [s for g in groups for s in g.sources]
         key = tuple(id(s) for s in sources)
         hit = self.holder_sets.get(key)

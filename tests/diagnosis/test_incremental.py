@@ -403,6 +403,14 @@ def assert_links_current(live: Any, loaded: FleetState, where: str) -> None:
         assert keys == {k: [key_of(o) for o in v] for k, v in fresh_index.items()}, f"{where}: {kind}"
         table = live.objects[kind]
         assert all(o is table[key_of(o)] for v in live_index.values() for o in v), f"{where}: {kind}"
+    # Each kind's ordered list (kept in place across changes) is its objects sorted by name, then
+    # namespace, as a fresh sort puts them.
+    for kind in READ:
+        ordered = live._ordered_list(kind)
+        want = [live.objects[kind][(ns, name)] for name, ns in sorted((n, s) for s, n in live.objects[kind])]
+        assert len(ordered) == len(want), f"{where}: {kind}"
+        assert all(a is b for a, b in zip(ordered, want, strict=True)), f"{where}: {kind}"
+        assert live._sort_keys[kind] == [(key_of(o)[1], key_of(o)[0]) for o in ordered], f"{where}: {kind}"
 
 
 def run_stream(seed: int) -> None:
