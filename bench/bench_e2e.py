@@ -865,9 +865,9 @@ def main() -> int:
         idle_since: list[float | None] = [None]
 
         def settled() -> bool:
-            # The first full recompute ended and nothing ran for 5 s: a run's follow-up (the rerun of
-            # changes logged meanwhile) is received a moment after the run ends.
-            if not task_runs(diag_log, "claims.tasks.recompute_diagnoses") or not diag_idle(diag_log):
+            # A run ended (the worker's first update is its full recompute) and nothing ran for 5 s: a
+            # run's follow-up (the rerun of changes logged meanwhile) is received a moment after it ends.
+            if not diagnosis_runs(diag_log) or not diag_idle(diag_log):
                 idle_since[0] = None
                 return False
             since = idle_since[0] = idle_since[0] or time.monotonic()
