@@ -23,6 +23,7 @@ import gc
 import hashlib
 import json
 import logging
+import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -638,6 +639,7 @@ def _pending_rows(kept: dict[int, ResourceClaim], ids: list[int]) -> list[Resour
 
 
 DEADLOCK_TRIES = 3
+DEADLOCK_PAUSE = 0.05  # seconds, times the try: the pause before writing again
 
 
 def _committed(cluster: str, write: Callable[[], _T]) -> _T:
@@ -659,7 +661,14 @@ def _committed(cluster: str, write: Callable[[], _T]) -> _T:
             log.warning(
                 "diagnoses of %s: a deadlock aborted the write (try %d); writing again", cluster, attempt
             )
+            # A moment of random length first, so that the other transaction (a watch batch) likely
+            # commits before the write takes its locks again.
+            _pause(random.uniform(0.5, 1.5) * DEADLOCK_PAUSE * attempt)
     raise AssertionError("unreachable")  # the loop returns or raises
+
+
+def _pause(seconds: float) -> None:
+    time.sleep(seconds)
 
 
 def _drop_failed(failed: list[ResourceClaim]) -> int:

@@ -622,7 +622,7 @@ def test_a_relist_naming_its_keys_rediagnoses_only_the_claims_it_reached(
 
 
 def test_an_update_whose_write_deadlocks_with_a_claim_writer_writes_again(
-    quiet: None, caplog: pytest.LogCaptureFixture
+    quiet: None, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The deadlock of the watch worker's claim upserts with the diagnosis write, made on purpose: another
     # transaction locks claim b, the update's commit locks claim a for its foreign-key check and waits
@@ -664,11 +664,15 @@ def test_an_update_whose_write_deadlocks_with_a_claim_writer_writes_again(
     thread = threading.Thread(target=other_writer)
     thread.start()
     assert locked.wait(30)
+    pauses: list[float] = []
+    monkeypatch.setattr(tasks, "_pause", lambda seconds: pauses.append(seconds))
     with caplog.at_level("WARNING", logger="claims.tasks"):
         counts = tasks.update_diagnoses(name)
     thread.join(60)
     assert not failures, failures
     assert "a deadlock aborted the write (try 1)" in caplog.text
+    # It paused a moment before writing again (around DEADLOCK_PAUSE).
+    assert len(pauses) == 1 and 0.5 * tasks.DEADLOCK_PAUSE <= pauses[0] <= 1.5 * tasks.DEADLOCK_PAUSE
     assert "full" not in counts and counts["written"] == 2, counts
     assert stored(name) == fresh(name) and len(stored(name)) == 2
 
