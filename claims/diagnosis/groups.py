@@ -136,13 +136,10 @@ class Context:
             return hit[1]
         every = {k: c for s in sources for k, c in s.holders.items()}
         claims = list(every.values())
+        # Every summary's holders are the state's (analysis reads them from state.holders()).
         ages, free = self._ages()
-        try:
-            keys = list(map(ages.__getitem__, map(id, claims)))
-            flags: Iterable[bool] = map(free.__contains__, map(id, claims))
-        except KeyError:  # a claim the state does not list as a holder (none today): one by one
-            keys = [age_key(c) for c in claims]
-            flags = [not (c.get("status") or {}).get("reservedFor") for c in claims]
+        keys = list(map(ages.__getitem__, map(id, claims)))
+        flags = map(free.__contains__, map(id, claims))
         held = Holders(every, oldest(claims, keys), oldest(claims, keys, only=flags))
         cached = {id(v) for v in self.summaries.values()}
         if all(i in cached for i in key):

@@ -31,14 +31,11 @@ def change_event(cluster: Cluster, result: BatchResult) -> dict[str, Any]:
     event: dict[str, Any] = {"type": "fleet.change", "cluster": cluster.name, "kind": result.kind}
     if result.resync:
         event.update(resync=True, written_count=len(result.written), deleted_count=len(result.deleted))
-        if len(result.written) + len(result.deleted) <= RELIST_KEYS:
-            event["written"] = ["/".join(k) for k in result.written]
-            event["deleted"] = ["/".join(k) for k in result.deleted]
-    else:
+    if not result.resync or len(result.written) + len(result.deleted) <= RELIST_KEYS:
         event["written"] = ["/".join(k) for k in result.written]
         event["deleted"] = ["/".join(k) for k in result.deleted]
-        if result.pools is not None:
-            event["pools"] = [list(p) for p in sorted(result.pools)]
+    if not result.resync and result.pools is not None:
+        event["pools"] = [list(p) for p in sorted(result.pools)]
     return event
 
 
