@@ -13,8 +13,9 @@ threads -c 4``, ``celery beat``, and
 
 1. initial sync: from spawning the workers to every stream watching with the simulator's object counts
    (and from the first ``watch_stream`` task received, from the worker log); then ``manage.py verify``;
-   then the diagnosis worker's start: until every diagnosis task it received has ended (its first full
-   diagnosis and the initial lists' updates), reported as ``first_diagnoses``, before the churn begins;
+   then the diagnosis worker's start: until a diagnosis run has ended (its first update is the full
+   recompute) and none has run for 5 s (the initial lists' updates done), reported as ``first_diagnoses``,
+   before the churn begins;
 2. churn: ``--rate`` watch events/s for ``--seconds``; a websocket client logged in to ``/ws/fleet/``
    (session cookie, Origin header) timestamps every heatmap cell change; each change the simulator made
    (its write time, ``probes.jsonl``) is matched with the first message showing it: event -> database ->

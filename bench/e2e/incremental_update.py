@@ -49,6 +49,14 @@ def bumped(obj: dict[str, Any], kind: str) -> dict[str, Any]:
     return obj
 
 
+def tainted(raw: dict[str, Any]) -> dict[str, Any]:
+    """A slice's stored object at a newer resourceVersion, its first device given TAINT."""
+    obj = bumped(raw, "ResourceSlice")
+    device = obj["spec"]["devices"][0]
+    device["taints"] = [*(device.get("taints") or []), TAINT]
+    return obj
+
+
 def timed_update() -> tuple[float, dict[str, int]]:
     """``update_diagnoses`` timed; with ``PROFILE=1`` in the environment, its top functions printed
     (``PROFILE_SORT``: a pstats sort key, default ``cumulative``; ``PROFILE_TOP``: how many, default 25)."""
@@ -98,9 +106,7 @@ def main(argv: list[str]) -> int:
     allocated = ResourceClaim.objects.filter(cluster=cluster, state__in=["allocated", "reserved"])
     held = list(allocated.order_by("name")[:rounds])
     for i in range(rounds):
-        obj = bumped(slices[i].raw, "ResourceSlice")
-        device = obj["spec"]["devices"][0]
-        device["taints"] = [*(device.get("taints") or []), TAINT]
+        obj = tainted(slices[i].raw)
         change = ingest.Change("upsert", normalize("ResourceSlice", obj))
         ingest.apply_batch(cluster, "ResourceSlice", [change])
         s, counts = timed_update()

@@ -26,7 +26,7 @@ import django
 
 django.setup()
 
-from bench.e2e.incremental_update import TAINT, bumped  # noqa: E402
+from bench.e2e.incremental_update import tainted  # noqa: E402
 from claims import tasks  # noqa: E402
 from fleet import ingest  # noqa: E402
 from fleet.models import Cluster, ResourceSlice  # noqa: E402
@@ -60,9 +60,7 @@ def main(argv: list[str]) -> int:
         for mode in ("named", "counted"):
             ingest.events.RELIST_KEYS = keys_limit if mode == "named" else 0
             for name in gpu[step * changed : (step + 1) * changed]:
-                obj = bumped(raws[name], "ResourceSlice")
-                device = obj["spec"]["devices"][0]
-                device["taints"] = [*(device.get("taints") or []), TAINT]
+                obj = tainted(raws[name])
                 raws[name], records[name] = obj, normalize("ResourceSlice", obj)
             step += 1
             version = max(int(rec.meta.resource_version) for rec in records.values())
