@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from claims.devicerows import HIGH_CARDINALITY, DeviceRows, Devices
+from claims.cel import parse_qualified_name
+from claims.devicerows import HIGH_CARDINALITY, DeviceInfo, DeviceRows, Devices, freeze
 from tests import seeds
 
 Obj = dict[str, Any]
@@ -80,6 +81,19 @@ def facts(devices: Devices) -> Any:
         [(pool, [(i.key, i.sig) for i in infos]) for pool, infos in devices.by_pool.items()],
         devices.pool_groups,
     )
+
+
+def low_cardinality(info: DeviceInfo, high: frozenset[Any]) -> Any:
+    """What a device's signature is made of, written out: equal for the devices of one group."""
+    driver = info.key[0]
+    attrs = info.device.get("attributes") or {}
+    kept = [
+        (n, freeze(v))
+        for n, v in attrs.items()
+        if ("attributes", *parse_qualified_name(n, driver)) not in high
+    ]
+    caps = [(n, freeze(v)) for n, v in (info.device.get("capacity") or {}).items()]
+    return (driver, bool(info.device.get("allowMultipleAllocations")), tuple(kept), tuple(caps))
 
 
 SEEDS = Path(__file__).with_name("devicerows_seeds.txt")
@@ -145,6 +159,17 @@ def build_and_compare(seed: int) -> None:
         for info in kept.infos:
             walked.setdefault(info.key[:2], set()).add((info.model, info.profile))
         assert kept.pool_groups == {p: frozenset(g) for p, g in walked.items()}, f"seed {seed}, step {step}"
+        # The groups are the signatures: devices agreeing on every low-cardinality attribute (in their
+        # order) and capacity share one group, and no other device is in it.
+        sig_of: dict[Any, int] = {}
+        for info in kept.infos:
+            signature = sig_of.setdefault(low_cardinality(info, kept.high_cardinality), info.sig)
+            assert signature == info.sig, f"seed {seed}, step {step}: one signature, two groups"
+        assert len(set(sig_of.values())) == len(sig_of), (
+            f"seed {seed}, step {step}: two signatures, one group"
+        )
+        for sig, group in enumerate(kept.groups):
+            assert group and all(i.sig == sig for i in group), f"seed {seed}, step {step}"
         earlier.append((kept, facts(kept)))
         for devices, seen in earlier:
             assert facts(devices) == seen, f"seed {seed}, step {step}: an earlier state's devices changed"
