@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 
 from claims.allocator import FleetSnapshot
+from claims.allocator.baseline import Allocated
 from claims.devicerows import DeviceInfo, DeviceKey, DeviceRows, Devices, Published
 from fleet.normalize import object_as_v1
 from fleet.snapshot import read_files
@@ -114,8 +115,10 @@ class FleetState:
     _holders: dict[DeviceKey, list[Obj]] | None = field(default=None, repr=False)
     _pods_by_claim: dict[tuple[str, str], list[Obj]] | None = field(default=None, repr=False)
     _device_rows: Devices | None = field(default=None, repr=False)
-    # Per-pool rows kept between the states of a live fleet (claims.livestate); None: computed afresh.
+    # Per-pool rows and the allocator's baseline kept between the states of a live fleet
+    # (claims.livestate); None: computed afresh.
     rows: DeviceRows | None = field(default=None, repr=False)
+    allocated: Allocated | None = field(default=None, repr=False)
     # (selector expression, projection) -> bool | error message, shared by every diagnosis on this state
     results: dict[tuple[str, Any], bool | str] = field(default_factory=dict, repr=False)
     evaluations: int = 0
@@ -138,12 +141,14 @@ class FleetState:
         cluster: str = "",
         rows: DeviceRows | None = None,
         links: tuple[dict[tuple[str, str], list[Obj]], dict[DeviceKey, list[Obj]]] | None = None,
+        allocated: Allocated | None = None,
     ) -> FleetState:
         """A state of v1 objects by kind (the lists are taken, not copied); ``rows``: per-pool rows to
         reuse (see ``claims.devicerows``); ``links``: the pods by claim and the holders by device of these
         lists, kept up to date elsewhere (``claims.livestate``), instead of built here from every pod and
-        claim. Neither the dicts nor their lists may change while the state is in use."""
-        state = cls(cluster=cluster, rows=rows)
+        claim; ``allocated``: the allocator's baseline kept of earlier states (``claims.allocator.baseline``).
+        Neither the dicts nor their lists may change while the state is in use."""
+        state = cls(cluster=cluster, rows=rows, allocated=allocated)
         if links is not None:
             state._pods_by_claim, state._holders = links
         state.objects.update(lists)
@@ -232,6 +237,7 @@ class FleetState:
                     *self.objects["Node"],
                 ]
             )
+            self._snapshot.allocated = self.allocated
         return self._snapshot
 
     def node_names(self) -> list[str]:

@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from claims.allocator.baseline import Allocated
 from claims.devicerows import DeviceRows
 from claims.diagnosis.footprint import Footprint, GroupKey, class_names
 from claims.fleetstate import (
@@ -113,6 +114,7 @@ class LiveFleet:
     objects: dict[str, dict[Key, Obj]] = field(default_factory=lambda: {k: {} for k in KINDS})
     shared: dict[Any, Any] = field(default_factory=dict, repr=False)
     rows: DeviceRows = field(default_factory=DeviceRows, repr=False)
+    allocated: Allocated = field(default_factory=Allocated, repr=False)
     # Each kind's objects in FleetState.from_db's order, once asked for, and their sort keys (name,
     # namespace): a change puts its object in place rather than sorting the kind again (40,000 claims and
     # as many pods at L, on every update under churn).
@@ -224,7 +226,9 @@ class LiveFleet:
         lists = {kind: list(self._ordered_list(kind)) for kind in READ}
         # Copies of the dicts (the lists in them are replaced, never changed: see _link).
         links = (dict(self.pods_by_claim), dict(self.holders))
-        return FleetState.from_lists(lists, cluster=self.cluster, rows=self.rows, links=links)
+        return FleetState.from_lists(
+            lists, cluster=self.cluster, rows=self.rows, links=links, allocated=self.allocated
+        )
 
     def apply(self, events: Iterable[dict[str, Any]]) -> Reach:
         """Bring the objects up to date with ``events`` (this cluster's ``fleet.change`` events, in commit

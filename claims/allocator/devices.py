@@ -8,10 +8,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from fractions import Fraction
 
+from claims.allocator.baseline import from_nothing
 from claims.allocator.nodes import tolerates
-from claims.allocator.pools import Pool, device_on_node, gather_pools, generation, qty
+from claims.allocator.pools import Pool, device_on_node, gather_pools, qty
 from claims.allocator.requests import Candidate, ClaimData, Request, policy_amount
-from claims.allocator.snapshot import Baseline, DeviceKey, Fatal, Features, FleetSnapshot, Obj, slice_index
+from claims.allocator.snapshot import DeviceKey, Fatal, Features, FleetSnapshot, Obj
 from claims.cel import CelRuntimeError
 
 
@@ -26,80 +27,22 @@ class DeviceState:
         self.pools = gather_pools(node, snapshot, features)
         baseline = snapshot._baseline
         if baseline is None or baseline.size != (len(snapshot.slices), len(snapshot.allocated_claims)):
-            self.in_use: set[DeviceKey] = set()
-            self.shared: set[DeviceKey] = set()
-            self.counter_use: dict[tuple[str, str, str, str], Fraction] = {}
-            self.capacity_use: dict[tuple[DeviceKey, str], Fraction] = {}
-            self._index_allocated()
-            baseline = snapshot._baseline = Baseline(
-                (len(snapshot.slices), len(snapshot.allocated_claims)),
-                self.in_use,
-                self.shared,
-                dict(self.counter_use),
-                dict(self.capacity_use),
+            # A live fleet's snapshots bring what was kept of the last one's up to date
+            # (claims.allocator.baseline); another is summed once.
+            kept = snapshot.allocated
+            baseline = snapshot._baseline = (
+                from_nothing(snapshot) if kept is None else kept.baseline(snapshot)
             )
         # in_use is only read; the counters are changed (and undone) during the search: copy them.
-        self.in_use = baseline.in_use
-        self.shared = baseline.shared
+        self.in_use: set[DeviceKey] = baseline.in_use
+        self.shared: set[DeviceKey] = baseline.shared
         # Shares of a multi-allocatable device made in this attempt: its counters are charged by the first.
         self.sharing: dict[DeviceKey, int] = {}
-        self.counter_use = dict(baseline.counter_use)
-        self.capacity_use = dict(baseline.capacity_use)
+        self.counter_use: dict[tuple[str, str, str, str], Fraction] = dict(baseline.counter_use)
+        self.capacity_use: dict[tuple[DeviceKey, str], Fraction] = dict(baseline.capacity_use)
         self.claim_data: list[ClaimData] = []
         self.results: list[list[tuple[Request, Candidate, dict[str, Fraction] | None]]] = []
         self.allocating: set[DeviceKey] = set()
-
-    # -- state of existing allocations
-
-    def _devices_named(self, keys: set[DeviceKey]) -> dict[DeviceKey, Obj]:
-        """The devices ``keys`` name in the newest generation of their pool, each the last published
-        under its key, found without a lookup of every device by key (a million entries at XL, per
-        state). Upstream charges an allocated device's counters as its pool's current slices publish it
-        (allocator_experimental.go, available counters); a slice of an older generation, left until the
-        driver deletes it, does not count. Upstream takes the generation each node sees, this the newest
-        anywhere: they differ only while a pool moving between nodes is still complete on the old one."""
-        names: dict[tuple[str, str], set[str]] = {}
-        for driver, pool, name in keys:
-            names.setdefault((driver, pool), set()).add(name)
-        by_pool = slice_index(self.snapshot).by_pool
-        found: dict[DeviceKey, Obj] = {}
-        for (driver, pool), wanted in names.items():
-            slices = by_pool.get((driver, pool)) or []
-            newest = max((generation(s) for s in slices), default=0)
-            for s in slices:
-                if generation(s) != newest:
-                    continue
-                for device in (s.get("spec") or {}).get("devices") or []:
-                    name = device.get("name", "")
-                    if name in wanted:
-                        found[(driver, pool, name)] = device
-        return found
-
-    def _index_allocated(self) -> None:
-        for claim in self.snapshot.allocated_claims:
-            results = (
-                (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results")
-            ) or []
-            for result in results:
-                if result.get("adminAccess"):
-                    continue
-                key = (result.get("driver", ""), result.get("pool", ""), result.get("device", ""))
-                consumed = result.get("consumedCapacity")
-                # Only a result with a shareID is one share of a device; without it the device is
-                # dedicated, even when it allows multiple allocations (allocateddevices.go).
-                if result.get("shareID"):
-                    for name, value in (consumed or {}).items():
-                        self.capacity_use[(key, name)] = self.capacity_use.get(
-                            (key, name), Fraction(0)
-                        ) + qty(value)
-                    self.shared.add(key)
-                else:
-                    self.in_use.add(key)
-        # An allocated device consumes its counters once, however many claims share it.
-        allocated = self.in_use | self.shared
-        if allocated:
-            for key, device in self._devices_named(allocated).items():
-                self._consume_counters(key, device, +1)
 
     def _consume_counters(self, key: DeviceKey, device: Obj, sign: int) -> None:
         for consumption in device.get("consumesCounters") or []:

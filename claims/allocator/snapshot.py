@@ -7,9 +7,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from claims.cel import CelRuntimeError, CompiledSelector, DeviceView, device_view, evaluate
+
+if TYPE_CHECKING:
+    from claims.allocator.baseline import Allocated
 
 MAX_RESULTS = 32  # resourceapi.AllocationResultsMaxSize
 Obj = dict[str, Any]
@@ -52,6 +55,9 @@ class FleetSnapshot:
     _results: dict[tuple[str, Any], bool | CelRuntimeError] = field(default_factory=dict, repr=False)
     _index: SliceIndex | None = field(default=None, repr=False)
     _baseline: Baseline | None = field(default=None, repr=False)
+    # What the last snapshot of a live fleet kept of its baseline (claims.allocator.baseline); None: made
+    # from nothing.
+    allocated: Allocated | None = field(default=None, repr=False)
 
     @classmethod
     def from_objects(cls, objs: Iterable[Obj]) -> FleetSnapshot:

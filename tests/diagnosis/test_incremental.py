@@ -392,6 +392,7 @@ def new_fleet(name: str, rng: random.Random) -> Fleet:
 def assert_links_current(live: Any, loaded: FleetState, where: str) -> None:
     """The live fleet's pods by claim and holders by device are those of a fleet loaded now, in the same
     order, and hold the live fleet's current objects."""
+    from claims.allocator.baseline import from_nothing
     from claims.fleetstate import holders_by_device, pods_by_claim
     from claims.livestate import READ, key_of
 
@@ -411,6 +412,12 @@ def assert_links_current(live: Any, loaded: FleetState, where: str) -> None:
         assert len(ordered) == len(want), f"{where}: {kind}"
         assert all(a is b for a, b in zip(ordered, want, strict=True)), f"{where}: {kind}"
         assert live._sort_keys[kind] == [(key_of(o)[1], key_of(o)[0]) for o in ordered], f"{where}: {kind}"
+    # The allocator's baseline kept between states is the one the fleet loaded now sums up.
+    with live.state() as state:
+        kept = live.allocated.baseline(state.snapshot)
+    summed = from_nothing(loaded.snapshot)
+    assert (kept.in_use, kept.shared) == (summed.in_use, summed.shared), f"{where}: devices in use"
+    assert (kept.counter_use, kept.capacity_use) == (summed.counter_use, summed.capacity_use), where
 
 
 def run_stream(seed: int) -> None:
