@@ -139,6 +139,9 @@ class PoolRows:
     local_numbers: list[int]
     local_index: list[int]  # per device, its key's position in local_keys
     groups: frozenset[tuple[str, str]]  # (model, MIG profile) of its devices
+    # (key, device) of its devices that consume counters and are never shared, in device order: those
+    # whose holders use up counters (diagnosis.groups.Context), ~40% of the devices at L
+    consumers: tuple[tuple[DeviceKey, Obj], ...] = ()
     shared: bool = False  # its infos were handed to a state, and so are never changed again
     # The fleet-wide signatures its infos were last numbered with (per local key), and its infos split by
     # local key in that numbering: a merge whose numbering is unchanged extends each group by a slice
@@ -171,6 +174,7 @@ def pool_rows(
     capacities: dict[Any, Any] = {}
     distinct: dict[Ref, set[Any]] = {}
     infos: list[DeviceInfo] = []
+    consumers: list[tuple[DeviceKey, Obj]] = []
     keys: dict[Any, int] = {}
     index: list[int] = []
     published: dict[tuple[str, str], str] = {}  # (kind, name) -> value type; one driver
@@ -188,9 +192,12 @@ def pool_rows(
             if name in names and not duplicate:
                 duplicate = name
             names.add(name)
+            device_key = (driver, pool_name, name)
+            if device.get("consumesCounters") and not device.get("allowMultipleAllocations"):
+                consumers.append((device_key, device))
             infos.append(
                 DeviceInfo(
-                    key=(driver, pool_name, name),
+                    key=device_key,
                     device=device,
                     slice=s,
                     node=node,
@@ -242,6 +249,7 @@ def pool_rows(
         local_numbers=[numbers(k) for k in keys],
         local_index=index,
         groups=frozenset((i.model, i.profile) for i in infos),
+        consumers=tuple(consumers),
     )
 
 
@@ -288,6 +296,7 @@ class Devices:
     duplicates: list[tuple[PoolKey, str]]  # pools publishing a device name twice, in device order
     by_pool: dict[PoolKey, list[DeviceInfo]]  # each pool's devices, in allocator order
     pool_groups: dict[PoolKey, frozenset[tuple[str, str]]]  # (model, MIG profile) of each pool with devices
+    consumers: list[tuple[tuple[DeviceKey, Obj], ...]]  # PoolRows.consumers of the pools with any
 
     def find(self, key: DeviceKey) -> DeviceInfo | None:
         """The device ``key`` (driver, pool, name): a scan of its pool, which a fleet-wide index by key
@@ -406,7 +415,10 @@ def _merge(entries: list[tuple[PoolKey, PoolRows]], high: frozenset[Ref]) -> Dev
     duplicates: list[tuple[PoolKey, str]] = []
     by_pool: dict[PoolKey, list[DeviceInfo]] = {}
     pool_groups: dict[PoolKey, frozenset[tuple[str, str]]] = {}
+    consumers: list[tuple[tuple[DeviceKey, Obj], ...]] = []
     for pool, entry in entries:
+        if entry.consumers:
+            consumers.append(entry.consumers)
         if entry.groups:
             pool_groups[pool] = entry.groups
         sigs = []
@@ -442,4 +454,4 @@ def _merge(entries: list[tuple[PoolKey, PoolRows]], high: frozenset[Ref]) -> Dev
                     published.append(item)
         if entry.duplicate:
             duplicates.append((pool, entry.duplicate))
-    return Devices(infos, groups, high, published, duplicates, by_pool, pool_groups)
+    return Devices(infos, groups, high, published, duplicates, by_pool, pool_groups, consumers)

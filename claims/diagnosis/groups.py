@@ -228,15 +228,18 @@ class Context:
         holders = state.holders()
         used: set[tuple[str, str, str]] = set()
         consumed: dict[tuple[str, str, str, str], Fraction] = {}
-        for info in state.devices():
-            if info.key in holders and not info.device.get("allowMultipleAllocations"):
-                pool_counters = base.get((info.key[0], info.key[1])) or {}
-                for use in info.device.get("consumesCounters") or []:
+        for pool_consumers in state.counter_consumers():  # one pool's devices each
+            driver, pool_name, _ = pool_consumers[0][0]
+            pool_counters = base.get((driver, pool_name)) or {}
+            for device_key, device in pool_consumers:
+                if device_key not in holders:
+                    continue
+                for use in device["consumesCounters"]:
                     counter_set = use.get("counterSet", "")
-                    used.add((info.key[0], info.key[1], counter_set))
+                    used.add((driver, pool_name, counter_set))
                     for cname, value in (use.get("counters") or {}).items():
                         if (counter_set, cname) in pool_counters:
-                            ck = (info.key[0], info.key[1], counter_set, cname)
+                            ck = (driver, pool_name, counter_set, cname)
                             consumed[ck] = consumed.get(ck, 0) + quantity(value)
         counters = CountersLeft(
             base, {ck: base[(ck[0], ck[1])][(ck[2], ck[3])] - n for ck, n in consumed.items()}

@@ -43,6 +43,8 @@ def device(rng: random.Random, name: str, serials: int) -> Obj:
     }
     if rng.random() < 0.1:
         out["allowMultipleAllocations"] = True
+    if "profile" in attrs:  # a MIG device takes its GPU's counters (no draw: kept seeds keep their streams)
+        out["consumesCounters"] = [{"counterSet": "gpu-0", "counters": {"memory": {"value": "23Gi"}}}]
     return out
 
 
@@ -80,6 +82,7 @@ def facts(devices: Devices) -> Any:
         devices.duplicates,
         [(pool, [(i.key, i.sig) for i in infos]) for pool, infos in devices.by_pool.items()],
         devices.pool_groups,
+        [[(key, id(device)) for key, device in pool] for pool in devices.consumers],
     )
 
 
@@ -170,6 +173,13 @@ def build_and_compare(seed: int) -> None:
         )
         for sig, group in enumerate(kept.groups):
             assert group and all(i.sig == sig for i in group), f"seed {seed}, step {step}"
+        # The counter consumers are the devices that consume counters and are never shared.
+        consumers = [
+            (i.key, id(i.device))
+            for i in kept.infos
+            if i.device.get("consumesCounters") and not i.device.get("allowMultipleAllocations")
+        ]
+        assert [c for pool in facts(kept)[-1] for c in pool] == consumers, f"seed {seed}, step {step}"
         earlier.append((kept, facts(kept)))
         for devices, seen in earlier:
             assert facts(devices) == seen, f"seed {seed}, step {step}: an earlier state's devices changed"
