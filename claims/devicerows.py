@@ -370,7 +370,15 @@ class DeviceRows:
             entries[key] = pool_rows(members_of[key], self.interned, guess, self.numbers)
             self.built += 1
         built = {key: entry for key, entry in entries.items() if entry is not None}
-        high = _high(built.values())
+        # The set is a function of the pools' distinct values: the same pools whose rebuilt ones publish
+        # the values they did (a taint or a device's other change) have the last set, without a walk of
+        # every pool's values (0.03 s at L).
+        same_values = built.keys() == self.pools.keys() and all(
+            built[key].values == self.pools[key].values for key in missing
+        )
+        high = self.high if same_values else None
+        if high is None:
+            high = _high(built.values())
         for key, entry in built.items():
             if entry.high != high:  # made for another set: its keys are not this fleet's
                 built[key] = pool_rows(entry.slices, self.interned, high, self.numbers)

@@ -229,7 +229,7 @@ def _state_outcome(
         shares = shares_of(info, held)
         if shares is None or _capacity_left(req, info, shares) != FREE:
             for claim in held:
-                group.holders[str(id(claim))] = claim
+                group.holders[id(claim)] = claim  # the state holds the claim: its id is not reused
             return ALLOCATED
     untolerated = untolerated_taints(info.device, req.tolerations)
     if untolerated:

@@ -25,7 +25,7 @@ class Group:
     total: int = 0
     outcomes: dict[str, int] = field(default_factory=dict)
     miss: tuple[str, str] | None = None
-    holders: dict[str, Obj] = field(default_factory=dict)  # filled while summarizing (a scratch group)
+    holders: dict[int, Obj] = field(default_factory=dict)  # by id; filled while summarizing (a scratch group)
     free_nodes: dict[str, int] = field(default_factory=dict)
     taints: dict[str, int] = field(default_factory=dict)
     pool_problems: set[str] = field(default_factory=set)
@@ -41,7 +41,7 @@ class Summary:
     outcomes: dict[str, int] = field(default_factory=dict)
     free_nodes: dict[str, int] = field(default_factory=dict)
     taints: dict[str, int] = field(default_factory=dict)
-    holders: dict[str, Obj] = field(default_factory=dict)
+    holders: dict[int, Obj] = field(default_factory=dict)  # by id
     pool_problems: set[str] = field(default_factory=set)
     candidate_nodes: set[str] = field(default_factory=set)
     free: list[DeviceInfo] = field(default_factory=list)
@@ -85,7 +85,7 @@ def oldest(
 
 @dataclass(frozen=True)
 class Holders:
-    every: dict[str, Obj]  # by id
+    every: dict[int, Obj]  # by id
     oldest: list[Obj]  # the HOLDERS_SHOWN oldest holders, oldest first
     unreserved: list[Obj]  # the HOLDERS_SHOWN oldest of those reserved for no consumer
 
@@ -134,12 +134,14 @@ class Context:
         hit = self.holder_sets.get(key)
         if hit is not None:
             return hit[1]
-        every = {k: c for s in sources for k, c in s.holders.items()}
+        every: dict[int, Obj] = {}
+        for s in sources:
+            every.update(s.holders)
         claims = list(every.values())
         # Every summary's holders are the state's (analysis reads them from state.holders()).
         ages, free = self._ages()
-        keys = list(map(ages.__getitem__, map(id, claims)))
-        flags = map(free.__contains__, map(id, claims))
+        keys = list(map(ages.__getitem__, every))
+        flags = map(free.__contains__, every)
         held = Holders(every, oldest(claims, keys), oldest(claims, keys, only=flags))
         cached = {id(v) for v in self.summaries.values()}
         if all(i in cached for i in key):
