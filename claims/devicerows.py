@@ -139,15 +139,17 @@ class PoolRows:
     local_numbers: list[int]
     local_index: list[int]  # per device, its key's position in local_keys
     groups: frozenset[tuple[str, str]]  # (model, MIG profile) of its devices
-    # (key, device) of its devices that consume counters and are never shared, in device order: those
-    # whose holders use up counters (diagnosis.groups.Context), ~40% of the devices at L
-    consumers: tuple[tuple[DeviceKey, Obj], ...] = ()
+    # Its devices that consume counters and are never shared, in device order: those whose holders use
+    # up counters (diagnosis.groups.Context), ~40% of the devices at L, 90% at XL
+    consumers: list[DeviceInfo] = field(default_factory=list)
     shared: bool = False  # its infos were handed to a state, and so are never changed again
-    # The fleet-wide signatures its infos were last numbered with (per local key), and its infos split by
-    # local key in that numbering: a merge whose numbering is unchanged extends each group by a slice
-    # of a pool instead of placing its devices one by one (most pools, most states: 0.1 s at L).
+    # The fleet-wide signatures its infos were last numbered with (per local key): a merge whose numbering
+    # is the same (most pools, most states) places its devices without checking each one's.
     numbered: list[int] | None = None
-    members: list[list[DeviceInfo]] = field(default_factory=list)
+
+
+def _consumer(info: DeviceInfo) -> bool:
+    return bool(info.device.get("consumesCounters")) and not info.device.get("allowMultipleAllocations")
 
 
 def pool_rows(
@@ -174,7 +176,7 @@ def pool_rows(
     capacities: dict[Any, Any] = {}
     distinct: dict[Ref, set[Any]] = {}
     infos: list[DeviceInfo] = []
-    consumers: list[tuple[DeviceKey, Obj]] = []
+    consumers: list[DeviceInfo] = []
     keys: dict[Any, int] = {}
     index: list[int] = []
     published: dict[tuple[str, str], str] = {}  # (kind, name) -> value type; one driver
@@ -192,19 +194,17 @@ def pool_rows(
             if name in names and not duplicate:
                 duplicate = name
             names.add(name)
-            device_key = (driver, pool_name, name)
-            if device.get("consumesCounters") and not device.get("allowMultipleAllocations"):
-                consumers.append((device_key, device))
-            infos.append(
-                DeviceInfo(
-                    key=device_key,
-                    device=device,
-                    slice=s,
-                    node=node,
-                    model=model_family(product) if product else driver,
-                    profile=attr_string(attrs, "profile", driver),
-                )
+            info = DeviceInfo(
+                key=(driver, pool_name, name),
+                device=device,
+                slice=s,
+                node=node,
+                model=model_family(product) if product else driver,
+                profile=attr_string(attrs, "profile", driver),
             )
+            infos.append(info)
+            if _consumer(info):
+                consumers.append(info)
             attr_names = tuple(attrs)
             layout = layouts.get(attr_names)
             if layout is None:
@@ -249,7 +249,7 @@ def pool_rows(
         local_numbers=[numbers(k) for k in keys],
         local_index=index,
         groups=frozenset((i.model, i.profile) for i in infos),
-        consumers=tuple(consumers),
+        consumers=consumers,
     )
 
 
@@ -296,7 +296,7 @@ class Devices:
     duplicates: list[tuple[PoolKey, str]]  # pools publishing a device name twice, in device order
     by_pool: dict[PoolKey, list[DeviceInfo]]  # each pool's devices, in allocator order
     pool_groups: dict[PoolKey, frozenset[tuple[str, str]]]  # (model, MIG profile) of each pool with devices
-    consumers: list[tuple[tuple[DeviceKey, Obj], ...]]  # PoolRows.consumers of the pools with any
+    consumers: list[list[DeviceInfo]]  # PoolRows.consumers of the pools with any
 
     def find(self, key: DeviceKey) -> DeviceInfo | None:
         """The device ``key`` (driver, pool, name): a scan of its pool, which a fleet-wide index by key
@@ -423,10 +423,8 @@ def _merge(entries: list[tuple[PoolKey, PoolRows]], high: frozenset[Ref]) -> Dev
     duplicates: list[tuple[PoolKey, str]] = []
     by_pool: dict[PoolKey, list[DeviceInfo]] = {}
     pool_groups: dict[PoolKey, frozenset[tuple[str, str]]] = {}
-    consumers: list[tuple[tuple[DeviceKey, Obj], ...]] = []
+    consumers: list[list[DeviceInfo]] = []
     for pool, entry in entries:
-        if entry.consumers:
-            consumers.append(entry.consumers)
         if entry.groups:
             pool_groups[pool] = entry.groups
         sigs = []
@@ -438,19 +436,21 @@ def _merge(entries: list[tuple[PoolKey, PoolRows]], high: frozenset[Ref]) -> Dev
             sigs.append(sig)
         own = entry.infos
         if entry.numbered != sigs:
-            members: list[list[DeviceInfo]] = [[] for _ in sigs]
             for i, local in enumerate(entry.local_index):
                 info = own[i]
                 sig = sigs[local]
                 if info.sig != sig:
                     if entry.shared:  # an earlier state holds it: a renumbered device is a new object
-                        info = own[i] = dataclasses.replace(info, sig=sig)
+                        own[i] = dataclasses.replace(info, sig=sig)
                     else:
                         info.sig = sig
-                members[local].append(info)
-            entry.numbered, entry.members = sigs, members
-        for sig, devices in zip(sigs, entry.members, strict=True):
-            groups[sig] += devices  # a pool's devices of one signature, in allocator order
+            entry.numbered = sigs
+            if entry.shared:  # devices renumbered above are new objects
+                entry.consumers = [i for i in own if _consumer(i)]
+        for info, local in zip(own, entry.local_index, strict=True):
+            groups[sigs[local]].append(info)
+        if entry.consumers:
+            consumers.append(entry.consumers)
         entry.shared = True
         infos += own
         by_pool[pool] = list(own)  # a copy: a later state renumbering the pool replaces items of own

@@ -282,9 +282,9 @@ class FleetState:
         """Per (driver, pool) with devices in its newest generation: their (model, MIG profile)."""
         return self._rows().pool_groups
 
-    def counter_consumers(self) -> list[tuple[tuple[DeviceKey, Obj], ...]]:
-        """Per pool with any: (key, device) of its devices that consume counters and are never shared,
-        in allocator order."""
+    def counter_consumers(self) -> list[list[DeviceInfo]]:
+        """Per pool with any: its devices that consume counters and are never shared, in allocator
+        order."""
         return self._rows().consumers
 
     def signature_groups(self) -> list[list[DeviceInfo]]:

@@ -231,12 +231,12 @@ class Context:
         used: set[tuple[str, str, str]] = set()
         consumed: dict[tuple[str, str, str, str], Fraction] = {}
         for pool_consumers in state.counter_consumers():  # one pool's devices each
-            driver, pool_name, _ = pool_consumers[0][0]
+            driver, pool_name, _ = pool_consumers[0].key
             pool_counters = base.get((driver, pool_name)) or {}
-            for device_key, device in pool_consumers:
-                if device_key not in holders:
+            for info in pool_consumers:
+                if info.key not in holders:
                     continue
-                for use in device["consumesCounters"]:
+                for use in info.device["consumesCounters"]:
                     counter_set = use.get("counterSet", "")
                     used.add((driver, pool_name, counter_set))
                     for cname, value in (use.get("counters") or {}).items():

@@ -10,6 +10,7 @@ appended to ``devicerows_seeds.txt`` and runs on every later run.
 from __future__ import annotations
 
 import copy
+import operator
 import os
 import random
 import secrets
@@ -82,7 +83,7 @@ def facts(devices: Devices) -> Any:
         devices.duplicates,
         [(pool, [(i.key, i.sig) for i in infos]) for pool, infos in devices.by_pool.items()],
         devices.pool_groups,
-        [[(key, id(device)) for key, device in pool] for pool in devices.consumers],
+        [[(i.key, id(i.device)) for i in pool] for pool in devices.consumers],
     )
 
 
@@ -173,13 +174,16 @@ def build_and_compare(seed: int) -> None:
         )
         for sig, group in enumerate(kept.groups):
             assert group and all(i.sig == sig for i in group), f"seed {seed}, step {step}"
-        # The counter consumers are the devices that consume counters and are never shared.
+        # The counter consumers are the state's devices (the objects it lists) that consume counters
+        # and are never shared.
         consumers = [
-            (i.key, id(i.device))
+            i
             for i in kept.infos
             if i.device.get("consumesCounters") and not i.device.get("allowMultipleAllocations")
         ]
-        assert [c for pool in facts(kept)[-1] for c in pool] == consumers, f"seed {seed}, step {step}"
+        listed = [i for pool in kept.consumers for i in pool]
+        assert len(listed) == len(consumers), f"seed {seed}, step {step}"
+        assert all(map(operator.is_, listed, consumers)), f"seed {seed}, step {step}"
         earlier.append((kept, facts(kept)))
         for devices, seen in earlier:
             assert facts(devices) == seen, f"seed {seed}, step {step}: an earlier state's devices changed"
