@@ -158,9 +158,9 @@ def pool_rows(
     """``slices``: the newest slices of one pool (one driver), in name order. ``interned``: equal
     read-only parts of pools, shared. ``high``: the fleet's high-cardinality attributes as far as the
     caller knows; signature keys leave them out. ``numbers``: the fleet's numbers of signature keys (new
-    keys are given one). Each device's frozen values are dropped once its key is
-    made (they were ~40% of the rows at XL, most of them unique: serials, bus IDs): a pool whose ``high``
-    turns out wrong is built again (:meth:`DeviceRows.devices`)."""
+    keys are given one). Each device's frozen values are dropped once its key is made (they were ~40% of
+    the rows at XL, most of them unique: serials, bus IDs): a pool whose ``high`` turns out wrong is built
+    again (:meth:`DeviceRows.devices`)."""
     # id of a value -> (value, frozen value): lean objects share equal values (fleetstate.lean_object),
     # so most are frozen once per pool. Per pool: a build-wide map would hold every device's unique
     # values (serials, bus IDs) at once.
@@ -319,7 +319,7 @@ class DeviceRows:
     pools: dict[PoolKey, PoolRows] = field(default_factory=dict)
     interned: dict[Any, Any] = field(default_factory=dict, repr=False)
     interned_limit: int = 4096  # rebuilt from the kept pools above this size
-    numbers: Numbers = field(default_factory=lambda: Numbers(), repr=False)  # pruned with interned
+    numbers: Numbers = field(default_factory=Numbers, repr=False)  # pruned with interned
     built: int = 0  # entries computed (not reused), for tests and benchmarks
     high: frozenset[Ref] | None = None  # the fleet's high-cardinality set at the last build
     # Where each slice of the last call stands, by id (the place holds the slice, so an id is not reused
