@@ -5,14 +5,15 @@ Every allocation attempt starts from what the allocated claims hold. Working it 
 claim and charges every device they hold with its counters: 0.15 s at L for each state the incremental
 diagnosis builds, where consecutive states share almost every claim and slice object. :class:`Allocated`
 keeps the sums and the objects they came from, and brings them to a new snapshot by the differences: the
-claims that are new objects or gone, and the pools whose slices are. An empty one computes a snapshot's
-baseline from nothing by the same code (``DeviceState`` does that for a snapshot without one), so the two
-cannot drift apart. The sums are of Fractions: exact whatever the order of the parts.
+claims that are new objects or gone, and the pools whose slices are. A snapshot made once (a what-if, the
+CLI, a test) is summed straight (:func:`from_nothing`); both read a claim's holdings and a device's
+counters through the same two functions. The sums are of Fractions: exact whatever the order of the parts.
 """
 
 from __future__ import annotations
 
 import operator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -125,18 +126,10 @@ class Allocated:
         )
 
     def _claim(self, claim: Obj, sign: int, touched: set[DeviceKey]) -> None:
-        results = (
-            (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results")
-        ) or []
-        for result in results:
-            if result.get("adminAccess"):
-                continue
-            key = (result.get("driver", ""), result.get("pool", ""), result.get("device", ""))
+        for key, share, capacity in _holdings(claim):
             touched.add(key)
-            # Only a result with a shareID is one share of a device; without it the device is dedicated,
-            # even when it allows multiple allocations (allocateddevices.go).
-            if result.get("shareID"):
-                for name, value in (result.get("consumedCapacity") or {}).items():
+            if share:
+                for name, value in capacity.items():
                     self._capacity.add((key, name), qty(value), sign)
                 _count(self._shares, key, sign)
             else:
@@ -144,27 +137,45 @@ class Allocated:
 
     def _charge(self, key: DeviceKey, device: Obj | None, sign: int) -> None:
         """An allocated device consumes its counters once, however many claims share it."""
-        for consumption in (device or {}).get("consumesCounters") or []:
-            for counter, value in (consumption.get("counters") or {}).items():
-                ck = (key[0], key[1], consumption.get("counterSet", ""), counter)
-                self._counters.add(ck, qty((value or {}).get("value")), sign)
+        for ck, amount in counters_of(key, device):
+            self._counters.add(ck, amount, sign)
+
+
+def _holdings(claim: Obj) -> Iterator[tuple[DeviceKey, bool, dict[str, Any]]]:
+    """(device, whether the result is one share of it, the capacity the share consumes) of each result of
+    a claim's allocation that holds its device (an admin access does not). Only a result with a shareID
+    is one share of a device; without it the device is dedicated, even when it allows multiple
+    allocations (allocateddevices.go)."""
+    allocation = (claim.get("status") or {}).get("allocation") or {}
+    for result in (allocation.get("devices") or {}).get("results") or []:
+        if result.get("adminAccess"):
+            continue
+        key = (result.get("driver", ""), result.get("pool", ""), result.get("device", ""))
+        share = bool(result.get("shareID"))
+        yield key, share, (result.get("consumedCapacity") or {}) if share else {}
+
+
+def counters_of(key: DeviceKey, device: Obj | None) -> Iterator[tuple[tuple[str, str, str, str], Fraction]]:
+    """((driver, pool, counter set, counter), amount) of each counter the device ``key`` consumes."""
+    for consumption in (device or {}).get("consumesCounters") or []:
+        for counter, value in (consumption.get("counters") or {}).items():
+            yield (
+                (key[0], key[1], consumption.get("counterSet", ""), counter),
+                qty((value or {}).get("value")),
+            )
 
 
 def from_nothing(snapshot: FleetSnapshot) -> Baseline:
     """The baseline of ``snapshot`` summed straight, for a snapshot made once (a what-if, the CLI, a
-    test): :class:`Allocated` made from nothing keeps what it summed, by part, which takes three times as
-    long. The unit test holds both to the sums written out."""
+    test): :class:`Allocated` made from nothing keeps what it summed, by part, which takes half as long
+    again (0.20 s against 0.13 s at L). The unit test holds both to the sums written out."""
     in_use: set[DeviceKey] = set()
     shared: set[DeviceKey] = set()
     capacity_use: dict[tuple[DeviceKey, str], Fraction] = {}
     for claim in snapshot.allocated_claims:
-        allocation = (claim.get("status") or {}).get("allocation") or {}
-        for result in (allocation.get("devices") or {}).get("results") or []:
-            if result.get("adminAccess"):
-                continue
-            key = (result.get("driver", ""), result.get("pool", ""), result.get("device", ""))
-            if result.get("shareID"):
-                for name, value in (result.get("consumedCapacity") or {}).items():
+        for key, share, capacity in _holdings(claim):
+            if share:
+                for name, value in capacity.items():
                     capacity_use[(key, name)] = capacity_use.get((key, name), Fraction(0)) + qty(value)
                 shared.add(key)
             else:
@@ -175,11 +186,9 @@ def from_nothing(snapshot: FleetSnapshot) -> Baseline:
     by_pool = slice_index(snapshot).by_pool
     counter_use: dict[tuple[str, str, str, str], Fraction] = {}
     for (driver, pool), wanted in names.items():
-        for device in _published(by_pool.get((driver, pool)) or [], wanted).values():
-            for consumption in device.get("consumesCounters") or []:
-                for counter, value in (consumption.get("counters") or {}).items():
-                    ck = (driver, pool, consumption.get("counterSet", ""), counter)
-                    counter_use[ck] = counter_use.get(ck, Fraction(0)) + qty((value or {}).get("value"))
+        for name, device in _published(by_pool.get((driver, pool)) or [], wanted).items():
+            for ck, amount in counters_of((driver, pool, name), device):
+                counter_use[ck] = counter_use.get(ck, Fraction(0)) + amount
     return Baseline(
         (len(snapshot.slices), len(snapshot.allocated_claims)), in_use, shared, counter_use, capacity_use
     )

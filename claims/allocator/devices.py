@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from fractions import Fraction
 
-from claims.allocator.baseline import from_nothing
+from claims.allocator.baseline import counters_of, from_nothing
 from claims.allocator.nodes import tolerates
 from claims.allocator.pools import Pool, device_on_node, gather_pools, qty
 from claims.allocator.requests import Candidate, ClaimData, Request, policy_amount
@@ -45,12 +45,8 @@ class DeviceState:
         self.allocating: set[DeviceKey] = set()
 
     def _consume_counters(self, key: DeviceKey, device: Obj, sign: int) -> None:
-        for consumption in device.get("consumesCounters") or []:
-            for counter, value in (consumption.get("counters") or {}).items():
-                ck = (key[0], key[1], consumption.get("counterSet", ""), counter)
-                self.counter_use[ck] = self.counter_use.get(ck, Fraction(0)) + sign * qty(
-                    (value or {}).get("value")
-                )
+        for ck, amount in counters_of(key, device):
+            self.counter_use[ck] = self.counter_use.get(ck, Fraction(0)) + sign * amount
 
     # -- setup
 
