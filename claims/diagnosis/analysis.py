@@ -9,7 +9,7 @@ from fractions import Fraction
 
 from claims.allocator import policy_amount
 from claims.cel import CelRuntimeError
-from claims.diagnosis.groups import Context, Group, Summary, shares_of
+from claims.diagnosis.groups import Context, Group, Part, Summary, shares_of, summary_key
 from claims.diagnosis.matching import explain_miss, selector_matches
 from claims.diagnosis.requests import Req, untolerated_taints
 from claims.diagnosis.result import ALLOCATED, CAPACITY, COUNTERS, ERROR, FREE, POOL, SELECTOR, TAINT, Obj
@@ -77,9 +77,16 @@ def analyze(ctx: Context, req: Req, nodes: set[str] | None) -> Analysis:
     high = state.high_cardinality
     shared = all(not s.opaque and not (s.references & high) for s in (*req.class_selectors, *req.selectors))
     idle: list[list[DeviceInfo]] = []
+    # Which part of a signature group a batch is, for the per-state caches of summaries and splits: the
+    # whole group (None), the devices on the pod's nodes, or what is left once skipped devices are split
+    # off. Two pods' node sets can leave parts of one group of the same size, first and last device.
+    on_nodes = frozenset(nodes) if nodes is not None else None
     for members in state.signature_groups():
-        if nodes is not None:
-            members = [i for i in members if not i.node or i.node in nodes]
+        part: Part = None
+        if on_nodes is not None:
+            kept = [i for i in members if not i.node or i.node in on_nodes]
+            if len(kept) < len(members):
+                members, part = kept, on_nodes
         if not members:
             continue
         batches = [members] if shared else [[i] for i in members]
@@ -89,12 +96,12 @@ def analyze(ctx: Context, req: Req, nodes: set[str] | None) -> Analysis:
             state.saved += evaluated * (len(batch) - 1)
             if error is not None and not req.all_mode and not req.admin:
                 # The allocator skips devices in use and pools it cannot use before evaluating selectors.
-                skipped, batch = ctx.split_skipped(batch)
+                skipped, batch = ctx.split_skipped(batch, part)
                 if skipped:
-                    _record(ctx, req, out, skipped, FREE, holders, idle)
+                    _record(ctx, req, out, skipped, FREE, holders, idle, ("skipped", part))
                     if not batch:
                         continue
-                    rep = batch[0]
+                    rep, part = batch[0], ("rest", part)
             if error is not None:
                 out.error_nodes.update(i.node for i in batch)
                 if not out.error:
@@ -106,7 +113,7 @@ def analyze(ctx: Context, req: Req, nodes: set[str] | None) -> Analysis:
                 if rep.profile:
                     idle.append(batch)
                 continue
-            _record(ctx, req, out, batch, outcome, holders, idle)
+            _record(ctx, req, out, batch, outcome, holders, idle, part)
     if out.count(FREE) < out.needed and any(g.profile for g in out.groups.values()):
         wanted = max(
             (
@@ -135,6 +142,7 @@ def _record(
     outcome: str,
     holders: dict[DeviceKey, list[Obj]],
     idle: list[list[DeviceInfo]],
+    part: Part,
 ) -> None:
     rep = batch[0]
     group = out.groups.setdefault((rep.model, rep.profile), Group(rep.model, rep.profile))
@@ -151,8 +159,8 @@ def _record(
         return
     if req.capacity or len(batch) == 1:
         summary = summarize(ctx, req, batch, holders)
-    else:  # whole signature group: the outcome depends only on the fleet state and the tolerations
-        key = (rep.sig, len(batch), batch[0].key, batch[-1].key, repr((req.tolerations, req.admin)))
+    else:  # a signature group's part: the outcome depends only on the fleet state and the tolerations
+        key = summary_key(batch, req, part)
         cached = ctx.summaries.get(key)
         if cached is None:
             cached = ctx.summaries[key] = summarize(ctx, req, batch, holders)

@@ -12,7 +12,7 @@ from claims.diagnosis.analysis import analyze, summarize
 from claims.diagnosis.binding import binding_suggestion, binding_waits
 from claims.diagnosis.details import request_detail
 from claims.diagnosis.extended import extended_resource_claim
-from claims.diagnosis.groups import Context
+from claims.diagnosis.groups import Context, summary_key
 from claims.diagnosis.placement import fits_diagnosis, invalid_pools, place, pod_nodes
 from claims.diagnosis.requests import Req, claim_from, make_req, requests_of, selector_texts
 from claims.diagnosis.result import Diagnosis, Obj
@@ -35,13 +35,7 @@ def prepare(state: FleetState) -> FleetState:
     holders = state.holders()
     for members in state.signature_groups():
         if len(members) > 1:
-            key = (
-                members[0].sig,
-                len(members),
-                members[0].key,
-                members[-1].key,
-                repr((plain.tolerations, plain.admin)),
-            )
+            key = summary_key(members, plain, None)
             if key not in ctx.summaries:
                 ctx.summaries[key] = summarize(ctx, plain, members, holders)
     return state

@@ -12,10 +12,15 @@ from fractions import Fraction
 from itertools import compress, count
 
 from claims.allocator.pools import generation
-from claims.diagnosis.requests import counter_value
+from claims.diagnosis.requests import Req, counter_value
 from claims.diagnosis.result import Obj
 from claims.fleetstate import DeviceInfo, DeviceKey, FleetState, claim_results, klog
 from fleet.quantity import parse_quantity
+
+# Which part of a signature group a batch of devices is (analysis.analyze): None for the whole group,
+# else the node set it was cut to, tagged with a step when skipped devices were split off.
+Part = frozenset[str] | tuple[str, object] | None
+SummaryKey = tuple[int, int, DeviceKey, DeviceKey, str, Part]
 
 
 @dataclass
@@ -60,6 +65,13 @@ def shares_of(info: DeviceInfo, held: list[Obj]) -> list[Obj] | None:
                     return None
                 out.append(r)
     return out
+
+
+def summary_key(batch: list[DeviceInfo], req: Req, part: Part) -> SummaryKey:
+    """The key of ``batch``'s summary in ``Context.summaries``: within a state, the signature and the part
+    of its group name the devices; what else a summary reads of the request is its tolerations and
+    admin access."""
+    return (batch[0].sig, len(batch), batch[0].key, batch[-1].key, repr((req.tolerations, req.admin)), part)
 
 
 HOLDERS_SHOWN = 20
@@ -113,10 +125,10 @@ class Context:
     pool_problem: dict[tuple[str, str], str]
     counter_left: CountersLeft
     used_sets: set[tuple[str, str, str]] = field(default_factory=set)
-    splits: dict[tuple[DeviceKey, DeviceKey, int], tuple[list[DeviceInfo], list[DeviceInfo]]] = field(
+    splits: dict[tuple[DeviceKey, DeviceKey, int, Part], tuple[list[DeviceInfo], list[DeviceInfo]]] = field(
         default_factory=dict
     )
-    summaries: dict[tuple[int, int, DeviceKey, DeviceKey, str], Summary] = field(default_factory=dict)
+    summaries: dict[SummaryKey, Summary] = field(default_factory=dict)
     # holders_of's results by the identities of the summaries; the summaries are kept alive with them, so
     # an id is never reused while its entry exists.
     holder_sets: dict[tuple[int, ...], tuple[list[Summary], Holders]] = field(default_factory=dict)
@@ -261,9 +273,12 @@ class Context:
             self._consumption[info.key] = cached
         return cached
 
-    def split_skipped(self, batch: list[DeviceInfo]) -> tuple[list[DeviceInfo], list[DeviceInfo]]:
-        """(devices the allocator skips before their selectors: in use or in an unusable pool; the rest)."""
-        key = (batch[0].key, batch[-1].key, len(batch))
+    def split_skipped(
+        self, batch: list[DeviceInfo], part: Part = None
+    ) -> tuple[list[DeviceInfo], list[DeviceInfo]]:
+        """(devices the allocator skips before their selectors: in use or in an unusable pool; the rest)
+        of ``batch``, the ``part`` of its signature group (or one device)."""
+        key = (batch[0].key, batch[-1].key, len(batch), part)
         found = self.splits.get(key)
         if found is None:
             holders = self.state.holders()

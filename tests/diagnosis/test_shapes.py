@@ -103,3 +103,32 @@ def test_a_claim_named_like_the_placeholder_is_diagnosed_alone_and_right() -> No
     assert diagnosed == 2
     assert results == alone(claims, objs)
     assert results[0]["pod"] == f"team/{SHAPE_POD}"
+
+
+def test_pods_whose_node_selectors_cut_one_device_group_alike_each_get_their_own_nodes_counted() -> None:
+    # Five H100 nodes: one signature group (40 uuids make the uuid high-cardinality). Rack "a" is h1, h3,
+    # h4 and rack "b" is h1, h2, h4: each pod's nodes hold 24 of the group's devices, the first on h1 and
+    # the last on h4. Only h2 has free devices, so only the rack-b pod fits.
+    racks = {"h1": "ab", "h2": "b", "h3": "a", "h4": "ab", "h5": ""}
+    parts: list[list[Obj] | Obj] = []
+    for name, rack in racks.items():
+        objs = node(name, "H100")
+        objs[0]["metadata"]["labels"].update({f"rack-{r}": "yes" for r in rack})
+        parts.append(objs)
+        if name != "h2":
+            busy = held(f"busy-{name}", name, [f"gpu-{i}" for i in range(8)], "2026-01-01T00:00:00Z")
+            parts.append({**busy, "kind": "ResourceClaim"})
+    claims = [made_from_template("train-a"), made_from_template("train-b")]
+    pods = [pod_of(c, message=DRA) for c in claims]
+    for pod, rack in zip(pods, "ab", strict=True):
+        pod["spec"]["nodeSelector"] = {f"rack-{rack}": "yes"}
+    for order in (claims, claims[::-1]):  # whichever is diagnosed first on the shared state
+        fleet_state = state(*parts, *order, *pods)
+        results, diagnosed = shared(fleet_state, order)
+        assert diagnosed == 2
+        by_name = {r["claim"]: r for r in results}
+        a, b = by_name["team/train-a-gpu-x7k2p"], by_name["team/train-b-gpu-x7k2p"]
+        assert a["category"] == "capacity" and a["requests"][0]["free"] == 0
+        assert b["category"] == "fits" and "node h2" in b["summary"]
+        for claim, result in ((claims[0], a), (claims[1], b)):  # each alone, on a state of its own
+            assert result == json.loads(json.dumps(diagnose(state(*parts, *claims, *pods), claim).as_dict()))
