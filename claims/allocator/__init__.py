@@ -21,8 +21,13 @@ from claims.allocator.nodes import node_matches
 from claims.allocator.requests import policy_amount
 from claims.allocator.search import allocate, schedule_pod
 from claims.allocator.snapshot import (
+    CEL_RUNTIME,
+    CLAIM_LIMIT,
+    CLASS_MISSING,
+    CONSTRAINT,
     DEFAULT_FEATURES,
     MAX_RESULTS,
+    POOL_UNUSABLE,
     AllocationResult,
     Features,
     FleetSnapshot,
@@ -31,8 +36,13 @@ from claims.allocator.snapshot import (
 )
 
 __all__ = [
+    "CEL_RUNTIME",
+    "CLAIM_LIMIT",
+    "CLASS_MISSING",
+    "CONSTRAINT",
     "DEFAULT_FEATURES",
     "MAX_RESULTS",
+    "POOL_UNUSABLE",
     "AllocationResult",
     "Features",
     "FleetSnapshot",

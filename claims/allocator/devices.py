@@ -12,7 +12,7 @@ from claims.allocator.baseline import counters_of, from_nothing
 from claims.allocator.nodes import tolerates
 from claims.allocator.pools import Pool, device_on_node, gather_pools, qty
 from claims.allocator.requests import Candidate, ClaimData, Request, policy_amount
-from claims.allocator.snapshot import DeviceKey, Fatal, Features, FleetSnapshot, Obj
+from claims.allocator.snapshot import CEL_RUNTIME, DeviceKey, Fatal, Features, FleetSnapshot, Obj
 from claims.cel import CelRuntimeError
 
 
@@ -78,7 +78,8 @@ class DeviceState:
                             "the check with has() for optional fields"
                         )
                     raise Fatal(
-                        f"{where}: selector #{i} on device {device_id}: CEL runtime error: {message}"
+                        f"{where}: selector #{i} on device {device_id}: CEL runtime error: {message}",
+                        CEL_RUNTIME,
                     ) from None
         if (c.slice.get("spec") or {}).get("perDeviceNodeSelection"):
             return device_on_node(self.node, c.device)

@@ -10,7 +10,7 @@ from typing import Any
 
 from claims.allocator.nodes import klog
 from claims.allocator.pools import Pool, qty
-from claims.allocator.snapshot import DeviceKey, Fatal, Features, FleetSnapshot, Obj
+from claims.allocator.snapshot import CLASS_MISSING, DeviceKey, Fatal, Features, FleetSnapshot, Obj
 from claims.cel import MISSING, CelCompileError, CompiledSelector, compile_selector, parse_qualified_name
 
 
@@ -129,7 +129,7 @@ def make_request(
         )
     device_class = snapshot.classes.get(class_name)
     if device_class is None:
-        raise Fatal(f"request {name}: device class {class_name} does not exist")
+        raise Fatal(f"request {name}: device class {class_name} does not exist", CLASS_MISSING)
     if admin and not features.admin_access:
         raise Fatal(
             f"claim {claim_name}, request {name}: admin access is requested, but the feature is disabled"

@@ -13,8 +13,11 @@ from claims.allocator.devices import DeviceState
 from claims.allocator.nodes import allocation_node_selector, klog, obj_name
 from claims.allocator.requests import Candidate, ClaimData, Constraint, Request, format_quantity, make_request
 from claims.allocator.snapshot import (
+    CLAIM_LIMIT,
+    CONSTRAINT,
     DEFAULT_FEATURES,
     MAX_RESULTS,
+    POOL_UNUSABLE,
     AllocationResult,
     Fatal,
     Features,
@@ -83,7 +86,8 @@ class Allocator(DeviceState):
                 if min_devices > MAX_RESULTS - min_total:
                     raise Fatal(
                         f"claim {claim_name}, request {name}: adding {min_devices} devices exceeds the claim "
-                        f"limit of {MAX_RESULTS}, with {min_total} already accounted for"
+                        f"limit of {MAX_RESULTS}, with {min_total} already accounted for",
+                        CLAIM_LIMIT,
                     )
                 min_total += min_devices
                 requests.append(subs)
@@ -99,7 +103,7 @@ class Allocator(DeviceState):
                     )
                 else:
                     message = "empty constraint (unsupported constraint type?)"
-                    raise Fatal(f"claim {claim_name}, constraint #{i}: {message}")
+                    raise Fatal(f"claim {claim_name}, constraint #{i}: {message}", CONSTRAINT)
             self.claim_data.append(ClaimData(claim, requests, constraints))
             self.results.append([])
 
@@ -108,12 +112,14 @@ class Allocator(DeviceState):
             if pool.incomplete:
                 raise Fatal(
                     f"claim {claim_name}, request {request.name}: asks for all devices, but resource pool "
-                    f"{pool.pool_id} is currently being updated"
+                    f"{pool.pool_id} is currently being updated",
+                    POOL_UNUSABLE,
                 )
             if pool.invalid:
                 raise Fatal(
                     f"claim {claim_name}, request {request.name}: asks for all devices, but resource pool "
-                    f"{pool.pool_id} is currently invalid"
+                    f"{pool.pool_id} is currently invalid",
+                    POOL_UNUSABLE,
                 )
             for candidate in self._devices(pool):
                 if not self._selectable(claim_name, request, candidate):
@@ -144,7 +150,8 @@ class Allocator(DeviceState):
                     claim_name = klog(self.claim_data[ci].claim)
                     raise Fatal(
                         f"claim {claim_name}, request {request.name}: cannot add device "
-                        f"{'/'.join(c.key)} because a claim constraint would not be satisfied"
+                        f"{'/'.join(c.key)} because a claim constraint would not be satisfied",
+                        CONSTRAINT,
                     )
                 return None
             added.append(constraint)
@@ -321,7 +328,7 @@ def allocate(
         if allocator.allocate_one(0, 0, None, 0, 0):
             return AllocationResult(ok=True, allocations=allocator.allocations())
     except Fatal as exc:
-        return AllocationResult(ok=False, kind="error", message=str(exc))
+        return AllocationResult(ok=False, kind="error", message=str(exc), reason=exc.reason)
     except ResultsFull:
         # Upstream returns errAllocationResultMaxSizeExceeded from Allocate as it is (the claim limit
         # check before allocating makes this unreachable there too).

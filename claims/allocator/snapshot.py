@@ -167,6 +167,7 @@ class AllocationResult:
     ok: bool
     kind: str = ""
     message: str = ""
+    reason: str = ""  # of an "error": Fatal.reason
     allocations: dict[str, Obj] = field(default_factory=dict)
 
 
@@ -181,7 +182,22 @@ class ScheduleResult:
 
 
 class Fatal(Exception):
-    pass
+    """An attempt that aborts (the scheduler's SchedulerError); ``reason`` says which kind of abort, so
+    that no reader has to find it in a message that also holds claim, class and selector text."""
+
+    def __init__(self, message: str, reason: str = "") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+# Fatal.reason values; "" for the others (CEL compile errors, features off, malformed requests).
+CEL_RUNTIME, CLASS_MISSING, CONSTRAINT, POOL_UNUSABLE, CLAIM_LIMIT = (
+    "cel-runtime",
+    "class-missing",
+    "constraint",
+    "pool",
+    "claim-limit",
+)
 
 
 def slice_key(s: Obj) -> tuple[str, str]:

@@ -233,7 +233,7 @@ def _diagnose_claim(
     if result is not None and result.ok and node is not None:
         return fits_diagnosis(state, base, claim, pod, node, result)
     if result is not None and result.kind == "error":
-        return error_diagnosis(base, claim, result.message, analyses)
+        return error_diagnosis(base, claim, result, analyses)
     base.scheduler_message = "cannot allocate all claims"
     invalid = invalid_pools(state, ctx, nodes)
     if invalid:

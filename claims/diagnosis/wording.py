@@ -7,7 +7,15 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from claims.allocator import MAX_RESULTS
+from claims.allocator import (
+    CEL_RUNTIME,
+    CLAIM_LIMIT,
+    CLASS_MISSING,
+    CONSTRAINT,
+    MAX_RESULTS,
+    POOL_UNUSABLE,
+    AllocationResult,
+)
 from claims.diagnosis.analysis import Analysis
 from claims.diagnosis.details import group_label
 from claims.diagnosis.groups import HOLDERS_SHOWN, Group
@@ -16,9 +24,14 @@ from claims.fleetstate import DeviceInfo, DeviceKey, klog
 from fleet.taint_rules import rules_named
 
 
-def error_diagnosis(base: Diagnosis, claim: Obj, message: str, analyses: list[list[Analysis]]) -> Diagnosis:
+def error_diagnosis(
+    base: Diagnosis, claim: Obj, result: AllocationResult, analyses: list[list[Analysis]]
+) -> Diagnosis:
+    """The diagnosis of an attempt that aborts, by the allocator's reason (its message also holds names
+    the user chose, which may read like another reason)."""
+    message, reason = result.message, result.reason
     base.scheduler_message = f'running "DynamicResources" filter plugin: {message}'
-    if "CEL runtime error" in message:
+    if reason == CEL_RUNTIME:
         base.category = "cel-error"
         key = re.search(r"no such key: (\S+?)(?:\.|$| )", message)
         attribute = key.group(1) if key else ""
@@ -48,22 +61,18 @@ def error_diagnosis(base: Diagnosis, claim: Obj, message: str, analyses: list[li
             fix if attribute else "Fix the selector so it evaluates to a bool on every device."
         ]
         return base
-    if "currently being updated" in message or "currently invalid" in message:
+    if reason == POOL_UNUSABLE:
         base.category = "pool"
         base.summary = f"Scheduling aborts: {message}."
         base.suggestions = ["Wait for the driver to finish publishing the pool, or fix its ResourceSlices."]
         return base
-    if "exceeds the claim limit" in message:
+    if reason == CLAIM_LIMIT:
         base.category = "too-many"
         base.summary = f"{message}."
         base.suggestions = [f"Split the claim: at most {MAX_RESULTS} devices per claim."]
         return base
-    if "does not exist" in message:
-        base.category = "class-missing"
-    elif "constraint" in message:
-        base.category = "constraint"
-    else:
-        base.category = "cel-error"
+    categories = {CLASS_MISSING: "class-missing", CONSTRAINT: "constraint"}
+    base.category = categories.get(reason, "cel-error")
     base.summary = f"Scheduling aborts (SchedulerError): {message}."
     return base
 

@@ -344,6 +344,26 @@ def test_all_mode_on_an_incomplete_pool_aborts_like_the_scheduler() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    "name",
+    ["want", "gpu-constraint", "class-does-not-exist", "pool-currently-invalid", "cel-runtime-error"],
+)
+def test_an_abort_is_categorized_by_its_reason_whatever_the_claim_is_named(name: str) -> None:
+    # The scheduler's message holds the claim's name: a name that reads like another abort's text must
+    # not change the category of an unsupported allocation mode.
+    result = diagnose(state(node("a", "H100", gpus=1)), claim([gpu(allocation_mode="Some")], name=name))
+    assert result.category == "cel-error"
+    assert result.scheduler_message.endswith(f"claim team/{name}, request gpu: unsupported count mode Some")
+
+
+def test_a_claim_constraint_the_devices_cannot_meet_aborts_as_a_constraint() -> None:
+    # All mode must take every matching device, and no two GPUs share a uuid.
+    constraint = {"requests": ["gpu"], "matchAttribute": "gpu.nvidia.com/uuid"}
+    result = diagnose(state(node("a", "H100", gpus=2)), claim([gpu(allocation_mode="All")], [constraint]))
+    assert result.category == "constraint"
+    assert "because a claim constraint would not be satisfied" in result.scheduler_message
+
+
 def test_an_allocated_claim_waiting_for_binding_conditions_says_which_and_a_failed_one_says_so() -> None:
     from claims.diagnosis.binding import binding_waits
 
