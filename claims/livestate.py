@@ -26,8 +26,10 @@ from claims.fleetstate import (
     KINDS,
     DeviceKey,
     FleetState,
+    HoldersByAge,
     Obj,
     _stored,
+    age_key,
     claim_results,
     claims_named,
     held_devices,
@@ -35,6 +37,7 @@ from claims.fleetstate import (
     pods_by_claim,
     shared_more_than_once,
     stored_models,
+    unreserved,
 )
 from fleet.ingest.sql import key_clauses
 
@@ -106,6 +109,50 @@ def _link(index: dict[Any, list[Obj]], key: Any, obj: Obj) -> None:
 
 
 @dataclass
+class _ByAge:
+    """The holders in ``HoldersByAge``'s order, kept claim by claim: each list with its sort keys (the age
+    key, then the claim's id for claims of one key, which one fleet does not hold: its claims' names
+    differ)."""
+
+    keys: list[tuple[tuple[str, str], int]] = field(default_factory=list)
+    claims: list[Obj] = field(default_factory=list)
+    free_keys: list[tuple[tuple[str, str], int]] = field(default_factory=list)
+    free: list[Obj] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, holders: dict[DeviceKey, list[Obj]]) -> _ByAge:
+        order = HoldersByAge.of(holders)
+        return cls(
+            [(age_key(c), id(c)) for c in order.every],
+            list(order.every),
+            [(age_key(c), id(c)) for c in order.unreserved],
+            list(order.unreserved),
+        )
+
+    def add(self, claim: Obj) -> None:
+        key = (age_key(claim), id(claim))
+        for keys, claims in self._lists(claim):
+            i = bisect.bisect_left(keys, key)
+            keys.insert(i, key)
+            claims.insert(i, claim)
+
+    def remove(self, claim: Obj) -> None:
+        key = (age_key(claim), id(claim))
+        for keys, claims in self._lists(claim):
+            i = bisect.bisect_left(keys, key)
+            if i < len(keys) and keys[i] == key:
+                del keys[i], claims[i]
+
+    def _lists(self, claim: Obj) -> list[tuple[list[tuple[tuple[str, str], int]], list[Obj]]]:
+        both = [(self.keys, self.claims)]
+        return [*both, (self.free_keys, self.free)] if unreserved(claim) else both
+
+    def snapshot(self) -> HoldersByAge:
+        """Copies: a state keeps its lists while this one changes."""
+        return HoldersByAge(list(self.claims), list(self.free))
+
+
+@dataclass
 class LiveFleet:
     """The lean objects of one cluster by kind and key."""
 
@@ -124,6 +171,7 @@ class LiveFleet:
     # every pod and claim on each update (0.2 s each at L), kept up to date object by object instead.
     pods_by_claim: dict[Key, list[Obj]] = field(default_factory=dict, repr=False)
     holders: dict[DeviceKey, list[Obj]] = field(default_factory=dict, repr=False)
+    by_age: _ByAge = field(default_factory=_ByAge, repr=False)  # the claims of holders, oldest first
 
     @classmethod
     def load(cls, cluster: str) -> LiveFleet:
@@ -154,6 +202,7 @@ class LiveFleet:
             self.pods_by_claim = pods_by_claim(self._ordered_list(kind))
         elif kind == "ResourceClaim":
             self.holders = holders_by_device(self._ordered_list(kind))
+            self.by_age = _ByAge.of(self.holders)
 
     def _ordered_list(self, kind: str) -> list[Obj]:
         ordered = self._ordered.get(kind)
@@ -195,6 +244,10 @@ class LiveFleet:
             keys_of: Any = claims_named
         elif kind == "ResourceClaim":
             index, keys_of = self.holders, held_devices
+            if old is not None and held_devices(old):
+                self.by_age.remove(old)
+            if new is not None and held_devices(new):
+                self.by_age.add(new)
         else:
             return
         if old is not None:
@@ -227,7 +280,12 @@ class LiveFleet:
         # Copies of the dicts (the lists in them are replaced, never changed: see _link).
         links = (dict(self.pods_by_claim), dict(self.holders))
         return FleetState.from_lists(
-            lists, cluster=self.cluster, rows=self.rows, links=links, allocated=self.allocated
+            lists,
+            cluster=self.cluster,
+            rows=self.rows,
+            links=links,
+            allocated=self.allocated,
+            by_age=self.by_age.snapshot(),
         )
 
     def apply(self, events: Iterable[dict[str, Any]]) -> Reach:

@@ -14,7 +14,7 @@ from itertools import compress, count
 from claims.allocator.pools import generation
 from claims.diagnosis.requests import Req, counter_value
 from claims.diagnosis.result import Obj
-from claims.fleetstate import DeviceInfo, DeviceKey, FleetState, claim_results, klog
+from claims.fleetstate import DeviceInfo, DeviceKey, FleetState, age_key, claim_results, unreserved
 from fleet.quantity import parse_quantity
 
 # Which part of a signature group a batch of devices is (analysis.analyze): None for the whole group,
@@ -77,10 +77,6 @@ def summary_key(batch: list[DeviceInfo], req: Req, part: Part) -> SummaryKey:
 HOLDERS_SHOWN = 20
 
 
-def age_key(claim: Obj) -> tuple[str, str]:
-    return (claim.get("metadata") or {}).get("creationTimestamp") or "", klog(claim)
-
-
 def oldest(
     claims: list[Obj], keys: list[tuple[str, str]], n: int = HOLDERS_SHOWN, only: Iterable[bool] | None = None
 ) -> list[Obj]:
@@ -93,6 +89,22 @@ def oldest(
     if only is not None:
         pairs = compress(pairs, only)
     return [claims[i] for _, i in heapq.nsmallest(n, pairs)]
+
+
+# Below one holder in this many of the state's, a group's holders are ordered by themselves.
+SPARSE_HOLDERS = 8
+
+
+def _first_of(order: list[Obj], members: dict[int, Obj], n: int = HOLDERS_SHOWN) -> list[Obj]:
+    """The first ``n`` claims of ``order`` that are ``members`` (by id)."""
+    out: list[Obj] = []
+    if n:
+        for claim in order:
+            if id(claim) in members:
+                out.append(claim)
+                if len(out) == n:
+                    break
+    return out
 
 
 @dataclass(frozen=True)
@@ -135,7 +147,6 @@ class Context:
     _consumption: dict[DeviceKey, list[tuple[tuple[str, str, str, str], Fraction | int]]] = field(
         default_factory=dict
     )
-    _holder_ages: tuple[dict[int, tuple[str, str]], set[int]] | None = None
 
     def holders_of(self, groups: Iterable[Group]) -> Holders:
         """The claims holding the groups' devices: all of them, and the HOLDERS_SHOWN oldest (of all, and
@@ -149,34 +160,22 @@ class Context:
         every: dict[int, Obj] = {}
         for s in sources:
             every.update(s.holders)
-        claims = list(every.values())
-        # Every summary's holders are the state's (analysis reads them from state.holders()).
-        ages, free = self._ages()
-        keys = list(map(ages.__getitem__, every))
-        flags = map(free.__contains__, every)
-        held = Holders(every, oldest(claims, keys), oldest(claims, keys, only=flags))
+        # Every summary's holders are the state's (analysis reads them from state.holders()): the first
+        # of the state's holders by age that are the groups', unless the groups have so few of them that
+        # ordering just theirs costs less than the walk.
+        order = self.state.holders_by_age()
+        if len(every) * SPARSE_HOLDERS < len(order.every):
+            claims = list(every.values())
+            keys = list(map(age_key, claims))
+            held = Holders(every, oldest(claims, keys), oldest(claims, keys, only=map(unreserved, claims)))
+        else:
+            held = Holders(every, _first_of(order.every, every), _first_of(order.unreserved, every))
         cached = {id(v) for v in self.summaries.values()}
         if all(i in cached for i in key):
             # Else a summary made for this request alone (capacity requests, single devices): nothing to
             # share.
             self.holder_sets[key] = (sources, held)
         return held
-
-    def _ages(self) -> tuple[dict[int, tuple[str, str]], set[int]]:
-        """The age key of every claim holding a device of the state, by id, and the ids of those reserved
-        for no consumer: made once per state, where each shape's holders made them again."""
-        if self._holder_ages is None:
-            ages: dict[int, tuple[str, str]] = {}
-            free: set[int] = set()
-            for held in self.state.holders().values():
-                for claim in held:
-                    i = id(claim)  # the state keeps the claim, so its id is not reused meanwhile
-                    if i not in ages:
-                        ages[i] = age_key(claim)
-                        if not (claim.get("status") or {}).get("reservedFor"):
-                            free.add(i)
-            self._holder_ages = (ages, free)
-        return self._holder_ages
 
     @classmethod
     def of(cls, state: FleetState) -> Context:

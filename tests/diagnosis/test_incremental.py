@@ -393,7 +393,7 @@ def assert_links_current(live: Any, loaded: FleetState, where: str) -> None:
     """The live fleet's pods by claim and holders by device are those of a fleet loaded now, in the same
     order, and hold the live fleet's current objects."""
     from claims.allocator.baseline import from_nothing
-    from claims.fleetstate import holders_by_device, pods_by_claim
+    from claims.fleetstate import HoldersByAge, holders_by_device, pods_by_claim
     from claims.livestate import READ, key_of
 
     for kind, live_index, fresh_index in (
@@ -412,6 +412,13 @@ def assert_links_current(live: Any, loaded: FleetState, where: str) -> None:
         assert len(ordered) == len(want), f"{where}: {kind}"
         assert all(a is b for a, b in zip(ordered, want, strict=True)), f"{where}: {kind}"
         assert live._sort_keys[kind] == [(key_of(o)[1], key_of(o)[0]) for o in ordered], f"{where}: {kind}"
+    # The holders in age order, kept claim by claim, are those a fleet loaded now sorts, as objects of
+    # the live fleet.
+    fresh = HoldersByAge.of(loaded.holders())
+    kept_order = live.by_age.snapshot()
+    for kept_list, fresh_list in ((kept_order.every, fresh.every), (kept_order.unreserved, fresh.unreserved)):
+        assert [key_of(o) for o in kept_list] == [key_of(o) for o in fresh_list], f"{where}: by age"
+        assert all(o is live.objects["ResourceClaim"][key_of(o)] for o in kept_list), f"{where}: by age"
     # The allocator's baseline kept between states is the one the fleet loaded now sums up.
     with live.state() as state:
         kept = live.allocated.baseline(state.snapshot)
@@ -932,7 +939,7 @@ def test_the_live_links_keep_the_list_order_and_leave_earlier_states_alone() -> 
     # Which pod of a claim comes first is what the diagnosis reads (its node selector, the scheduler's
     # message): a changed pod keeps its place in name order, as in a fleet loaded afresh.
     from claims.fleetstate import holders_by_device, pods_by_claim
-    from claims.livestate import LiveFleet, key_of
+    from claims.livestate import LiveFleet, _ByAge, key_of
 
     def pod(name: str, label: str) -> dict[str, Any]:
         return {
@@ -959,6 +966,7 @@ def test_the_live_links_keep_the_list_order_and_leave_earlier_states_alone() -> 
         live.objects[kind] = {key_of(o): o for o in objs}
     live.pods_by_claim = pods_by_claim(live.objects["Pod"].values())
     live.holders = holders_by_device(live.objects["ResourceClaim"].values())
+    live.by_age = _ByAge.of(live.holders)
     before = live.state()
     first_pod, first_claim = (
         before.pods_of_claim(claim("c", "")),
@@ -983,3 +991,11 @@ def test_the_live_links_keep_the_list_order_and_leave_earlier_states_alone() -> 
     )
     assert before.holders()[("gpu.nvidia.com", "n1", "gpu-0")] is first_claim
     assert first_claim[0]["metadata"]["labels"]["v"] == "1"
+    # So do the holders by age: the changed claim keeps its place (same creation time and name).
+    for fleet_state, label in ((before, "1"), (after, "2")):
+        order = fleet_state.holders_by_age()
+        assert [(c["metadata"]["name"], c["metadata"]["labels"]["v"]) for c in order.every] == [
+            ("c-a", label),
+            ("c-b", "1"),
+        ]
+        assert order.unreserved == order.every

@@ -1,4 +1,5 @@
-"""``oldest`` picks what sorting the holders by age would, from their age keys, without the full sort."""
+"""The holders a diagnosis shows are what sorting them by age would pick: ``oldest`` from their age keys
+without the full sort, and ``Context.holders_of`` either that way or from the state's holders in age order."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ from typing import Any
 
 import pytest
 
-from claims.diagnosis.groups import age_key, oldest
+from claims.diagnosis import groups
+from claims.diagnosis.groups import HOLDERS_SHOWN, Context, CountersLeft, Group, Summary, oldest
+from claims.fleetstate import FleetState, age_key, unreserved
 from tests import seeds
 
 SEEDS = Path(__file__).with_name("oldest_holders_seeds.txt")
@@ -24,10 +27,6 @@ def claim(rng: random.Random, i: int) -> dict[str, Any]:
     if rng.random() < 0.5:
         return {"metadata": meta, "status": {"reservedFor": [{"name": "p"}]}}
     return {"metadata": meta}
-
-
-def unreserved(c: dict[str, Any]) -> bool:
-    return not (c.get("status") or {}).get("reservedFor")
 
 
 @pytest.mark.parametrize("seed", [NEW_SEED, *seeds.kept(SEEDS)])
@@ -47,3 +46,36 @@ def test_oldest_is_the_head_of_the_holders_sorted_by_age(seed: int) -> None:
             free = [c for c in claims if unreserved(c)]
             picked = [id(c) for c in oldest(claims, keys, n, only=map(unreserved, claims))]
             assert picked == [id(c) for c in sorted(free, key=age_key)[:n]], (seed, n)
+
+
+@pytest.mark.parametrize("seed", [NEW_SEED, *seeds.kept(SEEDS)])
+@pytest.mark.parametrize("sparse", [0, 10**9], ids=["sorted-alone", "walked-in-state-order"])
+def test_a_groups_holders_shown_are_the_head_of_its_holders_sorted_by_age(
+    seed: int, sparse: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Both ways Context.holders_of picks them: ordering the groups' holders alone, or walking the state's
+    # holders in age order (HoldersByAge) for the groups' ones.
+    monkeypatch.setattr(groups, "SPARSE_HOLDERS", sparse)
+    print(f"oldest holders seed: {seed}")
+    rng = random.Random(seed)
+    with seeds.keeping(SEEDS, seed):
+        for _ in range(100):
+            claims = [claim(rng, i) for i in range(rng.randint(0, 60))]  # one fleet: names differ
+            holders: dict[Any, list[dict[str, Any]]] = {}
+            for c in claims:
+                for _ in range(rng.randint(1, 2)):
+                    holders.setdefault(("d", "p", f"dev-{rng.randrange(40)}"), []).append(c)
+            state = FleetState()
+            state._holders = holders
+            ctx = Context(state, {}, CountersLeft({}, {}))
+            sources = [
+                Summary(holders={id(c): c for c in rng.sample(claims, rng.randint(0, len(claims)))})
+                for _ in range(rng.randint(0, 4))
+            ]
+            held = ctx.holders_of([Group("m", "", sources=sources)])
+            union = {i: c for s in sources for i, c in s.holders.items()}
+            assert held.every == union, seed
+            by_age = sorted(union.values(), key=age_key)
+            assert [id(c) for c in held.oldest] == [id(c) for c in by_age[:HOLDERS_SHOWN]], seed
+            free = [c for c in by_age if unreserved(c)][:HOLDERS_SHOWN]
+            assert [id(c) for c in held.unreserved] == [id(c) for c in free], seed
