@@ -283,10 +283,14 @@ class Context:
             holders = self.state.holders()
             skipped: list[DeviceInfo] = []
             rest: list[DeviceInfo] = []
+            problems = self.pool_problem
             for i in batch:
                 held = holders.get(i.key)
-                in_use = held and shares_of(i, held) is None
-                (skipped if in_use or (i.key[0], i.key[1]) in self.pool_problem else rest).append(i)
+                in_use = held and (not i.device.get("allowMultipleAllocations") or shares_of(i, held) is None)
+                if in_use or (problems and (i.key[0], i.key[1]) in problems):
+                    skipped.append(i)
+                else:
+                    rest.append(i)
             found = self.splits[key] = (skipped, rest)
         return found
 
