@@ -260,13 +260,11 @@ class FleetState:
     @property
     def snapshot(self) -> FleetSnapshot:
         if self._snapshot is None:
-            self._snapshot = FleetSnapshot.from_objects(
-                [
-                    *self.objects["ResourceSlice"],
-                    *self.objects["DeviceClass"],
-                    *self.objects["ResourceClaim"],
-                    *self.objects["Node"],
-                ]
+            self._snapshot = FleetSnapshot.from_kinds(
+                list(self.objects["ResourceSlice"]),
+                self.objects["DeviceClass"],
+                self.objects["ResourceClaim"],
+                self.objects["Node"],
             )
             self._snapshot.allocated = self.allocated
         return self._snapshot

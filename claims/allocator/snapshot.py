@@ -76,6 +76,19 @@ class FleetSnapshot:
                 snapshot.nodes[name] = obj
         return snapshot
 
+    @classmethod
+    def from_kinds(
+        cls, slices: list[Obj], classes: Iterable[Obj], claims: Iterable[Obj], nodes: Iterable[Obj]
+    ) -> FleetSnapshot:
+        """``from_objects`` of objects already listed by kind (``slices`` is taken, not copied): no
+        dispatch of every object by its ``kind`` (55,000 at L, for each state of a live fleet)."""
+
+        def named(objs: Iterable[Obj]) -> dict[str, Obj]:
+            return {(o.get("metadata") or {}).get("name", ""): o for o in objs}
+
+        allocated = [c for c in claims if (c.get("status") or {}).get("allocation")]
+        return cls(slices=slices, classes=named(classes), allocated_claims=allocated, nodes=named(nodes))
+
     def view(self, driver: str, pool: str, device: Obj) -> DeviceView:
         key = (driver, pool, device.get("name", ""))
         found = self._views.get(key)

@@ -689,3 +689,30 @@ def test_schedule_pod_aborts_on_a_fatal_error_on_a_later_node_even_if_an_earlier
     assert result.message.endswith(
         "asks for all devices, but resource pool dra.example.com/node-2 is currently being updated"
     )
+
+
+def test_a_snapshot_from_lists_by_kind_is_the_one_sorted_from_mixed_objects() -> None:
+    # FleetState lists each kind apart: the snapshot takes its lists rather than dispatch every object.
+    held = nv.claim_object(
+        "team", "held", [], status=nv.allocation_status([{"request": "gpu", "device": "gpu-0"}], "n1")
+    )
+    pending = nv.claim_object("team", "pending", [nv.exactly_request("gpu", "gpu.nvidia.com", 1)])
+    by_kind: dict[str, list[dict[str, object]]] = {
+        "ResourceSlice": nv.node_slices("n1", "H100", gpus=2)
+        + nv.node_slices("n2", "A100", mode="static-mig"),
+        "DeviceClass": list(nv.device_classes()),
+        "ResourceClaim": [held, pending],
+        "Node": [nv.node_object("n1", "H100", gpus=2), nv.node_object("n2", "A100")],
+        "Pod": [nv.pod_object("team", "p", [("gpu", nv.from_claim("pending"))])],
+    }
+    mixed = [{**o, "kind": kind} for kind, objs in by_kind.items() for o in objs]
+    kinds = {kind: [o for o in mixed if o["kind"] == kind] for kind in by_kind}
+    fresh = FleetSnapshot.from_objects(mixed)
+    listed = FleetSnapshot.from_kinds(
+        kinds["ResourceSlice"], kinds["DeviceClass"], kinds["ResourceClaim"], kinds["Node"]
+    )
+    assert listed.slices == fresh.slices and len(listed.slices) == len(by_kind["ResourceSlice"])
+    assert listed.classes == fresh.classes and len(listed.classes) == len(by_kind["DeviceClass"])
+    assert [c["metadata"]["name"] for c in listed.allocated_claims] == ["held"]
+    assert listed.allocated_claims == fresh.allocated_claims
+    assert list(listed.nodes) == list(fresh.nodes) == ["n1", "n2"]
