@@ -375,7 +375,9 @@ def main() -> int:
                     "requests": len(churn.request_ms),
                     "error_samples": churn.error_samples,
                 }
-                (run_dir / "churn.done").write_text(json.dumps(done))
+                # Whole or not at all: the bench reads it as soon as it exists.
+                (run_dir / "churn.done.tmp").write_text(json.dumps(done))
+                os.replace(run_dir / "churn.done.tmp", run_dir / "churn.done")
             change = run_dir / "change.go"
             if change.exists():
                 change.unlink()

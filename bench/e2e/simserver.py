@@ -341,7 +341,9 @@ def main() -> int:
                 "ended": time.time(),
                 "resource_version": sim.resource_version,
             }
-            (run_dir / "churn.done").write_text(json.dumps(done))
+            # Whole or not at all: the bench reads it as soon as it exists.
+            (run_dir / "churn.done.tmp").write_text(json.dumps(done))
+            os.replace(run_dir / "churn.done.tmp", run_dir / "churn.done")
         restart_if_asked()
         change = run_dir / "change.go"
         if change.exists():
