@@ -78,8 +78,8 @@ def analyze(ctx: Context, req: Req, nodes: set[str] | None) -> Analysis:
     shared = all(not s.opaque and not (s.references & high) for s in (*req.class_selectors, *req.selectors))
     idle: list[list[DeviceInfo]] = []
     # Which part of a signature group a batch is, for the per-state caches of summaries and splits: the
-    # whole group (None), the devices on the pod's nodes, or what is left once skipped devices are split
-    # off. Two pods' node sets can leave parts of one group of the same size, first and last device.
+    # whole group (None), the devices on the pod's nodes, or the devices split off as skipped. Two pods'
+    # node sets can leave parts of one group of the same size, first and last device.
     on_nodes = frozenset(nodes) if nodes is not None else None
     for members in state.signature_groups():
         part: Part = None
@@ -101,7 +101,7 @@ def analyze(ctx: Context, req: Req, nodes: set[str] | None) -> Analysis:
                     _record(ctx, req, out, skipped, FREE, holders, idle, ("skipped", part))
                     if not batch:
                         continue
-                    rep, part = batch[0], ("rest", part)
+                    rep = batch[0]  # the rest only names where the error is: it is never summarized
             if error is not None:
                 out.error_nodes.update(i.node for i in batch)
                 if not out.error:

@@ -6,6 +6,7 @@ of a batch of devices, who holds a device (oldest first), and the per-state fact
 from __future__ import annotations
 
 import heapq
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -17,8 +18,10 @@ from claims.diagnosis.result import Obj
 from claims.fleetstate import DeviceInfo, DeviceKey, FleetState, age_key, claim_results, unreserved
 from fleet.quantity import parse_quantity
 
+log = logging.getLogger(__name__)
+
 # Which part of a signature group a batch of devices is (analysis.analyze): None for the whole group,
-# else the node set it was cut to, tagged with a step when skipped devices were split off.
+# else the node set it was cut to, tagged "skipped" for the devices split off as skipped.
 Part = frozenset[str] | tuple[str, object] | None
 SummaryKey = tuple[int, int, DeviceKey, DeviceKey, str, Part]
 
@@ -164,12 +167,20 @@ class Context:
         # of the state's holders by age that are the groups', unless the groups have so few of them that
         # ordering just theirs costs less than the walk.
         order = self.state.holders_by_age()
-        if len(every) * SPARSE_HOLDERS < len(order.every):
+        held = None
+        if len(every) * SPARSE_HOLDERS >= len(order.every):
+            held = Holders(every, _first_of(order.every, every), _first_of(order.unreserved, every))
+            if len(held.oldest) < min(HOLDERS_SHOWN, len(every)):
+                # A holder missing from the state's order (a kept order out of step with the holders):
+                # shown from the holders themselves rather than silently short.
+                log.warning(
+                    "holders by age of cluster %r miss some of %d holders", self.state.cluster, len(every)
+                )
+                held = None
+        if held is None:
             claims = list(every.values())
             keys = list(map(age_key, claims))
             held = Holders(every, oldest(claims, keys), oldest(claims, keys, only=map(unreserved, claims)))
-        else:
-            held = Holders(every, _first_of(order.every, every), _first_of(order.unreserved, every))
         cached = {id(v) for v in self.summaries.values()}
         if all(i in cached for i in key):
             # Else a summary made for this request alone (capacity requests, single devices): nothing to

@@ -11,7 +11,7 @@ import pytest
 
 from claims.diagnosis import groups
 from claims.diagnosis.groups import HOLDERS_SHOWN, Context, CountersLeft, Group, Summary, oldest
-from claims.fleetstate import FleetState, age_key, unreserved
+from claims.fleetstate import FleetState, HoldersByAge, age_key, unreserved
 from tests import seeds
 
 SEEDS = Path(__file__).with_name("oldest_holders_seeds.txt")
@@ -79,3 +79,20 @@ def test_a_groups_holders_shown_are_the_head_of_its_holders_sorted_by_age(
             assert [id(c) for c in held.oldest] == [id(c) for c in by_age[:HOLDERS_SHOWN]], seed
             free = [c for c in by_age if unreserved(c)][:HOLDERS_SHOWN]
             assert [id(c) for c in held.unreserved] == [id(c) for c in free], seed
+
+
+def test_a_holder_missing_from_the_states_order_is_still_shown(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A kept order out of step with the holders must not show fewer holders than there are.
+    monkeypatch.setattr(groups, "SPARSE_HOLDERS", 10**9)  # the walk of the state's order
+    claims = [{"metadata": {"namespace": "team", "name": f"c{i}"}} for i in range(3)]
+    state = FleetState(cluster="one")
+    state._holders = {("d", "p", f"dev-{i}"): [c] for i, c in enumerate(claims)}
+    state._by_age = HoldersByAge(claims[1:], claims[1:])  # c0, the oldest, is missing
+    held = Context(state, {}, CountersLeft({}, {})).holders_of(
+        [Group("m", "", sources=[Summary(holders={id(c): c for c in claims})])]
+    )
+    assert [c["metadata"]["name"] for c in held.oldest] == ["c0", "c1", "c2"]
+    assert [c["metadata"]["name"] for c in held.unreserved] == ["c0", "c1", "c2"]
+    assert "holders by age of cluster 'one' miss some of 3 holders" in caplog.text
