@@ -120,7 +120,7 @@ class _ByAge:
     @classmethod
     def of(cls, holders: dict[DeviceKey, list[Obj]]) -> _ByAge:
         order = HoldersByAge.of(holders)
-        return cls(list(order.every), list(order.unreserved))
+        return cls(order.every, order.unreserved)
 
     def add(self, claim: Obj) -> None:
         key = age_key(claim)

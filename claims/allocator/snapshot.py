@@ -62,25 +62,25 @@ class FleetSnapshot:
     @classmethod
     def from_objects(cls, objs: Iterable[Obj]) -> FleetSnapshot:
         """Sort ResourceSlices, DeviceClasses, allocated ResourceClaims and Nodes; ignore other kinds."""
-        snapshot = cls()
+        kinds: dict[object, list[Obj]] = {
+            "ResourceSlice": [],
+            "DeviceClass": [],
+            "ResourceClaim": [],
+            "Node": [],
+        }
         for obj in objs:
-            kind = obj.get("kind")
-            name = (obj.get("metadata") or {}).get("name", "")
-            if kind == "ResourceSlice":
-                snapshot.slices.append(obj)
-            elif kind == "DeviceClass":
-                snapshot.classes[name] = obj
-            elif kind == "ResourceClaim" and (obj.get("status") or {}).get("allocation"):
-                snapshot.allocated_claims.append(obj)
-            elif kind == "Node":
-                snapshot.nodes[name] = obj
-        return snapshot
+            listed = kinds.get(obj.get("kind"))
+            if listed is not None:
+                listed.append(obj)
+        return cls.from_kinds(
+            kinds["ResourceSlice"], kinds["DeviceClass"], kinds["ResourceClaim"], kinds["Node"]
+        )
 
     @classmethod
     def from_kinds(
         cls, slices: list[Obj], classes: Iterable[Obj], claims: Iterable[Obj], nodes: Iterable[Obj]
     ) -> FleetSnapshot:
-        """``from_objects`` of objects already listed by kind (``slices`` is taken, not copied): no
+        """The snapshot of objects already listed by kind (``slices`` is taken, not copied): no
         dispatch of every object by its ``kind`` (55,000 at L, for each state of a live fleet)."""
 
         def named(objs: Iterable[Obj]) -> dict[str, Obj]:

@@ -256,25 +256,23 @@ def _state_outcome(
 ) -> str:
     if req.capacity and _capacity_left(req, info, []) == CAPACITY:
         return CAPACITY
-    problems = ctx.pool_problem
-    problem = problems.get((info.key[0], info.key[1])) if problems else None
+    problem = ctx.pool_problem.get((info.key[0], info.key[1]))
     if problem:
         group.pool_problems.add(problem)
         return POOL
-    device = info.device
     held = None if req.admin else holders.get(info.key)
     if held:
-        shares = shares_of(info, held) if device.get("allowMultipleAllocations") else None
+        shares = shares_of(info, held)
         if shares is None or _capacity_left(req, info, shares) != FREE:
             for claim in held:
                 group.holders[id(claim)] = claim  # the state holds the claim: its id is not reused
             return ALLOCATED
-    untolerated = untolerated_taints(device, req.tolerations) if device.get("taints") else None
+    untolerated = untolerated_taints(info.device, req.tolerations)
     if untolerated:
         for t in untolerated:
             label = f"{t.get('key', '')}={t.get('value', '')}:{t.get('effect', '')}{rule_text(t)}"
             group.taints[label] = group.taints.get(label, 0) + 1
         return TAINT
-    if device.get("consumesCounters") and not ctx.counters_fit(info):
+    if not ctx.counters_fit(info):
         return COUNTERS
     return FREE

@@ -98,15 +98,14 @@ def oldest(
 SPARSE_HOLDERS = 8
 
 
-def _first_of(order: list[Obj], members: dict[int, Obj], n: int = HOLDERS_SHOWN) -> list[Obj]:
-    """The first ``n`` claims of ``order`` that are ``members`` (by id)."""
+def _first_of(order: list[Obj], members: dict[int, Obj]) -> list[Obj]:
+    """The first HOLDERS_SHOWN claims of ``order`` that are ``members`` (by id)."""
     out: list[Obj] = []
-    if n:
-        for claim in order:
-            if id(claim) in members:
-                out.append(claim)
-                if len(out) == n:
-                    break
+    for claim in order:
+        if id(claim) in members:
+            out.append(claim)
+            if len(out) == HOLDERS_SHOWN:
+                break
     return out
 
 
@@ -297,7 +296,7 @@ class Context:
             problems = self.pool_problem
             for i in batch:
                 held = holders.get(i.key)
-                in_use = held and (not i.device.get("allowMultipleAllocations") or shares_of(i, held) is None)
+                in_use = held and shares_of(i, held) is None
                 if in_use or (problems and (i.key[0], i.key[1]) in problems):
                     skipped.append(i)
                 else:
