@@ -402,21 +402,22 @@ class PendingClient(WsClient):
 
 
 def pending_latencies(
-    seen: list[tuple[float, float]], runs: list[tuple[float, float]], told: list[float]
+    seen: list[tuple[float, float, float]], runs: list[tuple[float, float]], told: list[float]
 ) -> tuple[list[float], int]:
     """Change -> its diagnosis stored and open pending pages told, per probe.
 
-    ``seen``: (written, shown on the heatmap) of each probe the feed showed; ``runs``: (end, duration) of
-    the diagnosis tasks; ``told``: when the pending websocket said "changed". A probe was committed by the
-    time the heatmap showed it, so the first diagnosis run that started after that applied it (it reads
-    every logged change up to its start), and the first "changed" message after that run's end is when a
-    pending page refetched rows holding it. An upper bound: a run that started between the commit and the
-    heatmap message applied it already."""
+    ``seen``: (written, shown on the heatmap, logged) of each probe the feed showed, ``logged`` the time
+    the diagnosis's change log took the probe's change (:func:`logged_at`; the heatmap's time when not
+    found there); ``runs``: (end, duration) of the diagnosis tasks; ``told``: when the pending websocket
+    said "changed". The first diagnosis run that started after the change was logged applied it (it
+    reads every logged change up to its start, a moment after it), and the first "changed" message after
+    that run's end is when a pending page refetched rows holding it: an upper bound by what the run does
+    after its commit (the message goes out at the commit) and by the websocket's window."""
     starts = sorted((end - duration, end) for end, duration in runs)
     start_times = [start for start, _ in starts]
     out, missed = [], 0
-    for written, shown in seen:
-        i = bisect.bisect_left(start_times, shown)
+    for written, _shown, logged in seen:
+        i = bisect.bisect_left(start_times, logged)
         if i == len(starts):
             missed += 1
             continue
@@ -428,7 +429,46 @@ def pending_latencies(
     return out, missed
 
 
-def latencies(probes: list[list[Any]], client: FeedClient) -> tuple[list[tuple[float, float]], int]:
+Logged = dict[tuple[str, str], list[float]]
+
+
+def change_log(redis_url: str, cluster: str) -> Logged:
+    """When the diagnosis's change log (``claims.changelog``, a Redis stream) took each key: (kind, key)
+    -> the times of the entries naming it written or deleted, in order (an entry's id is the
+    millisecond it was appended, after the batch's commit)."""
+    import redis
+
+    from claims import changelog
+
+    client = redis.Redis.from_url(redis_url)
+    out: Logged = defaultdict(list)
+    after = "-"
+    while entries := client.xrange(changelog.stream_key(cluster), min=after, max="+", count=2000):
+        for entry_id, fields in entries:
+            event = json.loads(fields[b"e"])
+            at = int(entry_id.split(b"-")[0]) / 1000
+            for key in [*event.get("written", []), *event.get("deleted", [])]:
+                out[(str(event.get("kind", "")), key)].append(at)
+        after = "(" + entries[-1][0].decode()
+    return out
+
+
+def logged_at(probes: list[list[Any]], shown: list[tuple[float, float]], log: Logged) -> list[float]:
+    """Per matched probe (``latencies``' order): when the change log took its change (the first entry
+    naming the key it wrote from the millisecond of the write on), bounded by the time the heatmap showed
+    it (the log is appended right after the heatmap is told, so a later entry is another write's);
+    the heatmap's time for probes without a key or not found."""
+    out = []
+    for probe, (t, when) in zip(probes, shown, strict=True):
+        times = log.get(tuple(probe[5])) if len(probe) > 5 else None
+        i = bisect.bisect_left(times, t - 0.001) if times else 0
+        out.append(min(times[i], when) if times and i < len(times) else when)
+    return out
+
+
+def latencies(
+    probes: list[list[Any]], client: FeedClient
+) -> tuple[list[tuple[float, float]], int, list[list[Any]]]:
     """Match each change the fleet source wrote with the first message that shows it.
 
     A message counts only before the next write of the same value to the same cell: after it, showing the
@@ -441,12 +481,13 @@ def latencies(probes: list[list[Any]], client: FeedClient) -> tuple[list[tuple[f
     shown) of each matched probe, and how many were missed.
     """
     same: dict[tuple[str, int, str, int], list[float]] = defaultdict(list)
-    for t, row, index, what, value in probes:
+    for t, row, index, what, value, *_ in probes:
         same[(row, index, what, value)].append(t)
     for times in same.values():
         times.sort()
-    out, missed = [], 0
-    for t, row, index, what, value in probes:
+    out, missed, matched = [], 0, []
+    for probe in probes:
+        t, row, index, what, value = probe[:5]
         later = same[(row, index, what, value)]
         j = bisect.bisect_right(later, t)
         limit = later[j] if j < len(later) else float("inf")
@@ -464,10 +505,11 @@ def latencies(probes: list[list[Any]], client: FeedClient) -> tuple[list[tuple[f
             turned = k == 0 or seen[k - 1][part] != want
             if seen[k][part] == want and turned:
                 out.append((t, when))
+                matched.append(probe)
                 break
         else:
             missed += 1
-    return out, missed
+    return out, missed, matched
 
 
 def quantiles(values: list[float], digits: int) -> dict[str, float]:
@@ -936,7 +978,7 @@ def main() -> int:
         changes = [[row, index, *c] for (row, index), seen in client.changes.items() for c in seen]
         (run_dir / "ws-changes.json").write_text(json.dumps(changes))
         probes = [json.loads(line) for line in (run_dir / "probes.jsonl").read_text().splitlines()]
-        shown, missed = latencies(probes, client)
+        shown, missed, shown_probes = latencies(probes, client)
         lat = [when - t for t, when in shown]
         rc, secs, out = manage(env, "verify", "--cluster", CLUSTER)
         results["churn"] = {
@@ -966,7 +1008,16 @@ def main() -> int:
         time.sleep(3)  # the last run's "changed" message
         pending_client.stopping.set()
         pending_client.join(5)
-        pending_lat, pending_missed = pending_latencies(shown, during, sorted(pending_client.told))
+        entries = change_log(redis_url, CLUSTER)
+        (run_dir / "change-log.json").write_text(json.dumps([[*k, v] for k, v in entries.items()]))
+        logged = logged_at(shown_probes, shown, entries)
+        told = sorted(pending_client.told)
+        pending_lat, pending_missed = pending_latencies(
+            [(t, when, at) for (t, when), at in zip(shown, logged, strict=True)], during, told
+        )
+        # The bound earlier runs reported: a run counts only if it started after the heatmap showed the
+        # change (which may be a whole update after the change log took it).
+        upper_lat, upper_missed = pending_latencies([(t, when, when) for t, when in shown], during, told)
         (run_dir / "ws-pending.json").write_text(json.dumps(pending_client.told))
         full_runs = task_runs(diag_log, "claims.tasks.recompute_diagnoses")
         (run_dir / "change.go").write_text("{}")
@@ -988,13 +1039,21 @@ def main() -> int:
             # baseline the incremental updates replace.
             "full_recomputes_s": [round(d, 1) for _, d in full_runs],
             "waited_for_churn_diagnoses_s": round(quiet_wait, 1),
-            # Each heatmap probe of the churn -> its diagnosis stored and /ws/pending/ told (upper bound).
+            # Each heatmap probe of the churn -> its diagnosis stored and /ws/pending/ told, from the time
+            # the change log took the change (see pending_latencies).
             "churn_change_to_pending_ws": {
                 "matched": len(pending_lat),
                 "missed": pending_missed,
+                "found_in_change_log": sum(at < when for at, (_, when) in zip(logged, shown, strict=True)),
                 **quantiles(pending_lat, 2),
                 "ws_messages": len(pending_client.told),
                 "client_error": pending_client.error,
+            },
+            # The same from the time the heatmap showed the change (the bound runs before 2026-12-07 gave).
+            "churn_change_to_pending_ws_from_heatmap": {
+                "matched": len(upper_lat),
+                "missed": upper_missed,
+                **quantiles(upper_lat, 2),
             },
             "after_change_s": after[0][1],
             "change_to_done_s": round(after[0][0] - t_change, 1),

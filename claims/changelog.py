@@ -51,7 +51,13 @@ _counts: dict[str, int] = {}
 
 
 def _keys(cluster: str) -> tuple[str, str]:
-    return f"claimscope:diagnoses:events:{cluster}", f"claimscope:diagnoses:events-n:{cluster}"
+    return stream_key(cluster), f"claimscope:diagnoses:events-n:{cluster}"
+
+
+def stream_key(cluster: str) -> str:
+    """The Redis stream of ``cluster``'s events (entries ``n``: number, ``e``: the event as JSON); the
+    benchmark reads when each change was logged from it."""
+    return f"claimscope:diagnoses:events:{cluster}"
 
 
 def _client() -> Any:

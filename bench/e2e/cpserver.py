@@ -22,7 +22,9 @@ Commands (files the orchestrator drops into ``RUN_DIR``, polled every 100 ms):
   started when a thread is free, so what the API server cannot take shows as a lower achieved rate, never
   as a queue. Every change the heatmap shows is written to ``probes.jsonl`` with the wall-clock time the
   API server's answer arrived (the write is committed in etcd by then): ``[t, row key, gpu index,
-  "slices"|"tainted", value]``. ``churn.done`` gets the counts, the request latencies and the errors.
+  "slices"|"tainted", value, [kind, key written]]`` (the key as change events name it: the released or
+  re-allocated claim, the tainted slice). ``churn.done`` gets the counts, the request latencies and the
+  errors.
 * ``change.go``: one fleet change (a taint on one GPU), for the diagnosis timing; answered by ``change.done``.
 """
 
@@ -197,9 +199,9 @@ class Churn:
         self.error_samples: list[str] = []
         self.probes = open(run_dir / "probes.jsonl", "a")  # noqa: SIM115 (open for the process lifetime)
 
-    def probe(self, t: float, node: str, index: int, what: str, value: int) -> None:
+    def probe(self, t: float, node: str, index: int, what: str, value: int, wrote: list[str]) -> None:
         with self.lock:
-            self.probes.write(json.dumps([t, f"{CLUSTER}/{node}", index, what, value]) + "\n")
+            self.probes.write(json.dumps([t, f"{CLUSTER}/{node}", index, what, value, wrote]) + "\n")
             self.counts["probes"] += 1
 
     def _patch(self, kind: str, name: str, body: Obj, namespace: str = "", subresource: str = "") -> None:
@@ -217,7 +219,7 @@ class Churn:
         t = time.time()
         self._patch("Pod", h.pod, {"status": {"phase": "Pending"}}, "ml", "status")
         if h.probe:
-            self.probe(t, h.probe[0], h.probe[1], "slices", 0)
+            self.probe(t, h.probe[0], h.probe[1], "slices", 0, ["ResourceClaim", f"ml/{h.claim}"])
         with self.lock:
             self.released.append((time.monotonic(), i))
             self.counts["released"] += 1
@@ -229,7 +231,7 @@ class Churn:
         t = time.time()
         self._patch("Pod", h.pod, {"status": {"phase": "Running"}}, "ml", "status")
         if h.probe:
-            self.probe(t, h.probe[0], h.probe[1], "slices", 7)
+            self.probe(t, h.probe[0], h.probe[1], "slices", 7, ["ResourceClaim", f"ml/{h.claim}"])
         with self.lock:
             self.busy.discard(i)
             self.counts["reallocated"] += 1
@@ -248,7 +250,7 @@ class Churn:
                 d.pop("taints", None)
             self._patch("ResourceSlice", name, {"spec": {"devices": devices}})
             self.slices[name] = (node, devices)
-            self.probe(time.time(), node, int(d["name"][4:]), "tainted", int(on))
+            self.probe(time.time(), node, int(d["name"][4:]), "tainted", int(on), ["ResourceSlice", name])
         with self.lock:
             self.counts["taints"] += 1
         return 1

@@ -1,13 +1,14 @@
 """Match a finished ``bench_e2e.py`` run's probes again from its files: the heatmap latency and the pending
 latency (change -> ``/ws/pending/``), the latter both with every diagnosis run counted (skipped runs too,
 as runs recorded before ``diagnosis_runs`` left them out were counted) and with only the runs that applied
-changes.
+changes; each from the time the change log took the change where the run kept its log
+(``change-log.json``), and from the time the heatmap showed it.
 
     python bench/e2e/rematch.py RUN_DIR [RUN_DIR ...]
 
 Reads ``probes.jsonl``, ``ws-changes.json`` (the cell changes the feed client saw), ``ws-pending.json``
-(when the pending client was told), ``worker-diagnosis.log`` and ``change.done`` (the quiet change after
-the churn: runs after it are not the churn's).
+(when the pending client was told), ``worker-diagnosis.log``, ``change-log.json`` and ``change.done`` (the
+quiet change after the churn: runs after it are not the churn's).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.bench_e2e import diagnosis_runs, latencies, pending_latencies, quantiles
+from bench.bench_e2e import Logged, diagnosis_runs, latencies, logged_at, pending_latencies, quantiles
 
 
 def rematch(run_dir: Path) -> dict[str, Any]:
@@ -29,7 +30,15 @@ def rematch(run_dir: Path) -> dict[str, Any]:
     changes: dict[tuple[str, int], list[tuple[float, int, int]]] = defaultdict(list)
     for row, index, *change in json.loads((run_dir / "ws-changes.json").read_text()):
         changes[(row, index)].append(tuple(change))
-    shown, missed = latencies(probes, SimpleNamespace(changes=changes))  # type: ignore[arg-type]
+    shown, missed, matched = latencies(probes, SimpleNamespace(changes=changes))  # type: ignore[arg-type]
+    kept = run_dir / "change-log.json"
+    entries: Logged = {}
+    if kept.exists():
+        entries = {(kind, key): times for kind, key, times in json.loads(kept.read_text())}
+    starts = {
+        "from the change log": logged_at(matched, shown, entries),
+        "from the heatmap": [when for _, when in shown],
+    }
     told = sorted(json.loads((run_dir / "ws-pending.json").read_text()))
     log = run_dir / "worker-diagnosis.log"
     change = run_dir / "change.done"
@@ -37,12 +46,19 @@ def rematch(run_dir: Path) -> dict[str, Any]:
     out: dict[str, Any] = {
         "heatmap": {"matched": len(shown), "missed": missed, **quantiles([w - t for t, w in shown], 3)}
     }
-    ways = (("pending, every run counted", True), ("pending, runs that applied changes", False))
+    ways = (("every run counted", True), ("runs that applied changes", False))
     for name, include_skipped in ways:
         runs = diagnosis_runs(log, include_skipped)
         during = [(end, d) for end, d in runs if end - d < quiet]
-        lat, lost = pending_latencies(shown, during, told)
-        out[name] = {"runs": len(during), "matched": len(lat), "missed": lost, **quantiles(lat, 2)}
+        for since, at in starts.items():
+            seen = [(t, when, a) for (t, when), a in zip(shown, at, strict=True)]
+            lat, lost = pending_latencies(seen, during, told)
+            out[f"pending, {name}, {since}"] = {
+                "runs": len(during),
+                "matched": len(lat),
+                "missed": lost,
+                **quantiles(lat, 2),
+            }
     return out
 
 

@@ -12,7 +12,9 @@ Commands are files the orchestrator drops into ``RUN_DIR`` (polled every 100 ms)
   allocation + its pod back to Pending: 2 events), re-allocated to the same device 2 s later (2 events),
   and 5 % of the events toggle a health taint on a whole-GPU slice (1 event). Every change the heatmap
   shows (a full GPU 7/7 <-> 0/7, a taint flag) is written to ``probes.jsonl`` with the wall-clock time of
-  the write: ``[t, row key, gpu index, "slices"|"tainted", expected value]``. ``churn.done`` gets the counts.
+  the write: ``[t, row key, gpu index, "slices"|"tainted", expected value, [kind, key written]]`` (the key as
+  change events name it: the released or re-allocated claim, the tainted slice). ``churn.done`` gets the
+  counts.
 * ``restart.go``: ``{"down": seconds}``: the API server stops (every watch ends), stays away, compacts its
   history (resumes get 410 Gone) and serves again on the same port; answered by ``restart.done``.
 * ``change.go``: one fleet change (a taint on one GPU), for the diagnosis timing; answered by ``change.done``.
@@ -128,6 +130,12 @@ class IndexedCluster(SimulatedCluster):
             return out, max(rv, self._rv)
 
 
+def _written(claim: Obj) -> list[str]:
+    """A probe's [kind, key] as the change events name what a batch wrote (``fleet.ingest.events``)."""
+    meta = claim["metadata"]
+    return ["ResourceClaim", f"{meta['namespace']}/{meta['name']}"]
+
+
 class Held:
     """One allocated claim, its pod and the device it holds (``probe``: the heatmap cell it moves)."""
 
@@ -208,8 +216,8 @@ class Churn:
         self.counts = {"events": 0, "released": 0, "reallocated": 0, "taints": 0, "probes": 0}
         self.probes = open(run_dir / "probes.jsonl", "a")  # noqa: SIM115 (open for the process lifetime)
 
-    def probe(self, t: float, node: str, index: int, what: str, value: int) -> None:
-        self.probes.write(json.dumps([t, f"{CLUSTER}/{node}", index, what, value]) + "\n")
+    def probe(self, t: float, node: str, index: int, what: str, value: int, wrote: list[str]) -> None:
+        self.probes.write(json.dumps([t, f"{CLUSTER}/{node}", index, what, value, wrote]) + "\n")
         self.counts["probes"] += 1
 
     def release(self, i: int) -> int:
@@ -225,7 +233,7 @@ class Churn:
             {**h.pod, "spec": spec, "status": {"phase": "Pending", "qosClass": "BestEffort"}}
         )
         if h.probe:
-            self.probe(t, h.probe[0], h.probe[1], "slices", 0)
+            self.probe(t, h.probe[0], h.probe[1], "slices", 0, _written(h.claim))
         self.released.append((time.monotonic(), i))
         self.counts["released"] += 1
         return 2
@@ -242,7 +250,14 @@ class Churn:
         else:
             d.pop("taints", None)
         self.sim.update({**s, "spec": {**s["spec"], "devices": devices}})
-        self.probe(time.time(), s["spec"]["nodeName"], int(d["name"][4:]), "tainted", int(on))
+        self.probe(
+            time.time(),
+            s["spec"]["nodeName"],
+            int(d["name"][4:]),
+            "tainted",
+            int(on),
+            ["ResourceSlice", name],
+        )
         self.counts["taints"] += 1
         return 1
 
@@ -262,7 +277,7 @@ class Churn:
         t = time.time()
         h.pod = self.sim.update(pod)
         if h.probe:
-            self.probe(t, h.probe[0], h.probe[1], "slices", 7)
+            self.probe(t, h.probe[0], h.probe[1], "slices", 7, _written(h.claim))
         self.counts["reallocated"] += 1
         return 2
 
