@@ -64,6 +64,26 @@ def test_recompute_stores_one_timed_diagnosis_per_pending_claim(imported: None) 
     assert all(d.computed_at is not None and d.result["summary"] == d.summary for d in stored.values())
 
 
+def test_a_recompute_drops_the_diagnoses_of_claims_no_longer_pending_in_its_cluster_only(
+    imported: None,
+) -> None:
+    call_command("import_snapshot", str(FLEET), cluster="other", stdout=StringIO())
+    for name in ("fixtures", "other"):
+        tasks.recompute_diagnoses(name)
+    before = {
+        (d.claim.cluster.name, d.claim.name) for d in ClaimDiagnosis.objects.select_related("claim__cluster")
+    }
+    bound = ResourceClaim.objects.get(cluster__name="fixtures", name="giant-kv-0-gpu-bn7nn")
+    assert ("fixtures", bound.name) in before and ("other", bound.name) in before
+    ResourceClaim.objects.filter(pk=bound.pk).update(state="allocated")  # as ingest stores an allocation
+
+    tasks.recompute_diagnoses("fixtures")
+    after = {
+        (d.claim.cluster.name, d.claim.name) for d in ClaimDiagnosis.objects.select_related("claim__cluster")
+    }
+    assert after == before - {("fixtures", bound.name)}  # the other cluster's diagnoses are its own
+
+
 def test_a_recompute_stores_chunk_by_chunk_and_names_the_diagnoses_it_found_out_of_date(
     imported: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
