@@ -99,6 +99,7 @@ def _insert_sql(
     conflict: Sequence[str],
     fence: str | None,
     returning: Sequence[str],
+    keep: Sequence[str] = (),
 ) -> str:
     qn = connection.ops.quote_name
     table = qn(model._meta.db_table)
@@ -108,7 +109,7 @@ def _insert_sql(
     row = "(" + ", ".join(f"%s{cast}" if c in json_cols else "%s" for c in columns) + ")"
     sql = (
         f"INSERT INTO {table} ({', '.join(qn(c) for c in columns)}) VALUES {', '.join([row] * n_rows)}"
-        + conflict_sql(table, columns, conflict, fence, returning)
+        + conflict_sql(table, columns, conflict, fence, returning, keep)
     )
     return sql
 
@@ -117,12 +118,23 @@ RESOURCE_VERSION = "resource_version"  # the fence column whose equal value mean
 
 
 def conflict_sql(
-    table: str, columns: Sequence[str], conflict: Sequence[str], fence: str | None, returning: Sequence[str]
+    table: str,
+    columns: Sequence[str],
+    conflict: Sequence[str],
+    fence: str | None,
+    returning: Sequence[str],
+    keep: Sequence[str] = (),
 ) -> str:
+    """The ``ON CONFLICT`` clause of an upsert: every column but ``conflict``'s and ``keep``'s is set from
+    the new row. ``keep``: columns the caller knows the new row leaves as stored. Naming a column of a
+    unique constraint in ``SET`` makes PostgreSQL lock the row FOR UPDATE, which waits for the foreign-key
+    checks of rows pointing to it (KEY SHARE); left out, it locks FOR NO KEY UPDATE, which does not."""
     qn = connection.ops.quote_name
     sql = ""
     if conflict:
-        updates = ", ".join(f"{qn(c)} = excluded.{qn(c)}" for c in columns if c not in conflict)
+        updates = ", ".join(
+            f"{qn(c)} = excluded.{qn(c)}" for c in columns if c not in conflict and c not in keep
+        )
         sql = f" ON CONFLICT ({', '.join(qn(c) for c in conflict)}) DO UPDATE SET {updates}"
     if fence and conflict:
         # The fence: never let an older version (resourceVersion, pool generation) overwrite a newer one.
@@ -143,18 +155,22 @@ def bulk_upsert(
     conflict: Sequence[str],
     fence: str | None,
     returning: Sequence[str] = (),
+    keep: Sequence[str] = (),
 ) -> list[tuple[Any, ...]]:
+    """Insert ``rows``, updating the stored row of the same ``conflict`` columns (behind ``fence``, all
+    columns but ``keep``, see :func:`conflict_sql`); returns the ``returning`` columns of the rows
+    written."""
     if not rows:
         return []
     columns, values = prep(model, rows)
     if connection.vendor == "postgresql" and len(values) >= COPY_ROWS and connection.in_atomic_block:
-        return _copy_upsert(model, columns, values, conflict, fence, returning)
+        return _copy_upsert(model, columns, values, conflict, fence, returning, keep)
     out: list[tuple[Any, ...]] = []
     step = _max_rows(len(columns))
     with connection.cursor() as cur:
         for start in range(0, len(values), step):
             chunk = values[start : start + step]
-            sql = _insert_sql(model, columns, len(chunk), conflict, fence, returning)
+            sql = _insert_sql(model, columns, len(chunk), conflict, fence, returning, keep)
             cur.execute(sql, [v for row in chunk for v in row])
             if returning:
                 out.extend(tuple(r) for r in cur.fetchall())
@@ -179,6 +195,7 @@ def _copy_upsert(
     conflict: Sequence[str],
     fence: str | None,
     returning: Sequence[str],
+    keep: Sequence[str] = (),
 ) -> list[tuple[Any, ...]]:
     """The same upsert (conflict rule, fence, RETURNING) for large batches on PostgreSQL: COPY the rows
     into a temporary table, then one INSERT ... SELECT. Client-side placeholder handling of the VALUES
@@ -188,7 +205,7 @@ def _copy_upsert(
     staging = qn(f"ingest_{model._meta.db_table}")
     cols = ", ".join(qn(c) for c in columns)
     sql = f"INSERT INTO {table} ({cols}) SELECT {cols} FROM {staging}" + conflict_sql(
-        table, columns, conflict, fence, returning
+        table, columns, conflict, fence, returning, keep
     )
     with connection.cursor() as cur:
         cur.execute(

@@ -4,6 +4,7 @@ are never touched by an older one."""
 from __future__ import annotations
 
 import pytest
+from django.db import connection, connections, transaction
 from django.utils import timezone
 
 from claims.models import ClaimDiagnosis, ClaimLifecycle, DiagnosisShape
@@ -90,3 +91,40 @@ def test_a_deleted_event_of_a_diagnosed_claim_commits_and_takes_the_diagnosis_al
     assert result.deleted == [("ml", "a")]
     assert not ResourceClaim.objects.filter(cluster=cluster).exists()
     assert not ClaimDiagnosis.objects.filter(claim_id=claim.pk).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_claim_update_does_not_wait_for_the_foreign_key_checks_of_rows_pointing_to_it():
+    # The diagnosis's new rows point to claims: their foreign-key checks lock those claims KEY SHARE at
+    # commit. A watch batch updating one of them must not wait for that lock (under churn the two deadlocked
+    # and PostgreSQL aborted one), while a claim recreated under its name still gets its new uid.
+    cluster = ingest.get_or_create_cluster("fk-share")
+    ingest.apply_batch(cluster, "ResourceClaim", upserts(claim_record("c", 100), claim_record("r", 100)))
+    ids = dict(ResourceClaim.objects.filter(cluster=cluster).values_list("name", "id"))
+    other = connections.create_connection("default")
+    try:
+        other.set_autocommit(False)
+        with other.cursor() as cursor:
+            cursor.execute(
+                f"SELECT 1 FROM {ResourceClaim._meta.db_table} WHERE id = %s FOR KEY SHARE", [ids["c"]]
+            )
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute("SET LOCAL lock_timeout = '3s'")  # waiting for the lock fails the test
+            result = ingest.apply_batch(
+                cluster,
+                "ResourceClaim",
+                upserts(claim_record("c", 101, [("n1", "gpu-0")]), claim_record("r", 101, uid="R2")),
+            )
+    finally:
+        other.rollback()
+        other.close()
+    assert sorted(result.written) == [("ml", "c"), ("ml", "r")]
+    stored = {c.name: c for c in ResourceClaim.objects.filter(cluster=cluster)}
+    assert (stored["c"].uid, int(stored["c"].resource_version), stored["c"].state) == (
+        "uid-c",
+        101,
+        "allocated",
+    )
+    assert stored["r"].uid == "R2"
+    assert DeviceAllocation.objects.filter(cluster=cluster, claim_uid="uid-c").count() == 1
