@@ -642,11 +642,12 @@ DEADLOCK_PAUSE = 0.05  # seconds, times the try: the pause before writing again
 def _committed(cluster: str, write: Callable[[], _T]) -> _T:
     """``write()`` in one transaction, run again when PostgreSQL broke a deadlock by aborting it.
 
-    The watch worker's claim upserts lock claims (exclusively: they set the uid, a key) in their batch's
-    order, and the foreign-key checks of new diagnosis rows lock those claims (KEY SHARE) at commit, in
-    the rows' order: the two can deadlock under churn. The diagnoses are still those of the state, so the
-    writes are tried again rather than dropped for a full recompute. Inside a caller's transaction (tests)
-    a deadlock is the caller's to handle."""
+    The foreign-key checks of new diagnosis rows lock their claims (KEY SHARE) at commit, in the rows'
+    order. The watch worker's upsert of a claim recreated under its name sets its uid, a key, and so
+    locks it exclusively, in its batch's order: the two can deadlock (plain updates leave the uid out and
+    do not wait for these locks, ``fleet.ingest.rows.upsert``). The diagnoses are still those of the state,
+    so the writes are tried again rather than dropped for a full recompute. Inside a caller's transaction
+    (tests) a deadlock is the caller's to handle."""
     for attempt in range(1, DEADLOCK_TRIES + 1):
         try:
             with transaction.atomic():
