@@ -165,11 +165,13 @@ def status_kb(pid: int, key: str) -> int:
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU of one process so far."""
+    """User + system CPU of one process so far, with that of its children that exited (and were waited
+    for): a PostgreSQL backend that ends during the churn (a watch stream reconnecting) would otherwise
+    take its CPU, since the sync, out of the second snapshot."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
     except (OSError, IndexError, ValueError):
         return 0.0
 
