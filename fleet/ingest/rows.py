@@ -55,22 +55,27 @@ def upsert(
         assert isinstance(records, Sequence)
         conflict = ("cluster_id", *spec.natural_key)
         checked = bool(spec.children or spec.on_deleted)
-        replaced = _replaced_uids(cluster, spec, records) if checked else {}
-        # Where the stored uid is known to be the record's, it is left out of the update: a uid is a key
-        # column, and naming it would lock the row FOR UPDATE, which waits for (and can deadlock with)
-        # the foreign-key checks of rows pointing to it, such as the diagnosis's (bench_e2e, L: a watch
-        # batch aborted about once a run, its stream listing again). A uid stored meanwhile by a newer
-        # object comes with a newer resourceVersion, so the fence keeps this record out.
-        same = [r for r in records if checked and spec.key_of(r) not in replaced]
-        other = [r for r in records if not checked or spec.key_of(r) in replaced]
-        written = []
-        for part, keep in ((same, ("uid",)), (other, ())):
-            written += [
-                tuple(r)
-                for r in bulk_upsert(
-                    spec.model, list(rows(part)), conflict, RESOURCE_VERSION, spec.natural_key, keep
-                )
-            ]
+        stored = _stored_uids(cluster, spec, records) if checked else {}
+        new_uid = {spec.key_of(r): r.meta.uid for r in records}  # a key's last record is the one written
+        replaced = {key: uid for key, uid in stored.items() if uid != new_uid[key]}
+        # Where the stored uid was read as the record's, it is left out of the update: a uid is a key
+        # column, and naming it would lock the row FOR UPDATE, which waits for (and can deadlock with) the
+        # foreign-key checks of rows pointing to it, such as the diagnosis's (bench_e2e, L: a watch batch
+        # aborted about once a run, its stream listing again). A row whose uid another writer changed
+        # since is left by that statement (``keep``) and written with the rest, uid included.
+        same = [r for r in records if stored.get(spec.key_of(r)) == r.meta.uid]
+        written = [
+            tuple(r)
+            for r in bulk_upsert(
+                spec.model, list(rows(same)), conflict, RESOURCE_VERSION, spec.natural_key, keep=("uid",)
+            )
+        ]
+        done = set(written)
+        other = [r for r in records if stored.get(spec.key_of(r)) != r.meta.uid or spec.key_of(r) not in done]
+        written += [
+            tuple(r)
+            for r in bulk_upsert(spec.model, list(rows(other)), conflict, RESOURCE_VERSION, spec.natural_key)
+        ]
         # Only a record that passed the fence replaces the stored object: a stale one (an old uid's late
         # event) must leave the newer object's children and history alone.
         replaced_uids = [replaced[k] for k in written if k in replaced]
@@ -91,23 +96,23 @@ def upsert(
     return written
 
 
-def _replaced_uids(cluster: Cluster, spec: TableSpec, records: Sequence[Any]) -> dict[tuple[str, ...], str]:
-    """Natural key -> stored uid, where the batch has another uid under that key (if it gets written)."""
-    new_uid = {spec.key_of(r): r.meta.uid for r in records}
+def _stored_uids(cluster: Cluster, spec: TableSpec, records: Sequence[Any]) -> dict[tuple[str, ...], str]:
+    """Natural key -> stored uid, of the batch's keys that are stored."""
+    keys = {spec.key_of(r) for r in records}
     qn = connection.ops.quote_name
     cols = ", ".join(qn(c) for c in (*spec.natural_key, "uid"))
     table = qn(spec.model._meta.db_table)
-    old: dict[tuple[str, ...], str] = {}
+    out: dict[tuple[str, ...], str] = {}
     with connection.cursor() as cur:
-        for where, params in key_clauses(spec.natural_key, new_uid.keys()):
+        for where, params in key_clauses(spec.natural_key, keys):
             cur.execute(
                 f"SELECT {cols} FROM {table} WHERE cluster_id = %s AND {where}", [cluster.pk, *params]
             )
             for row in cur.fetchall():
-                key, uid = tuple(row[:-1]), row[-1]
-                if key in new_uid and new_uid[key] != uid:
-                    old[key] = uid
-    return old
+                key = tuple(row[:-1])
+                if key in keys:
+                    out[key] = row[-1]
+    return out
 
 
 def _replace_children(cluster: Cluster, child: ChildSpec, parents: list[Any], fresh: bool = False) -> None:

@@ -126,9 +126,11 @@ def conflict_sql(
     keep: Sequence[str] = (),
 ) -> str:
     """The ``ON CONFLICT`` clause of an upsert: every column but ``conflict``'s and ``keep``'s is set from
-    the new row. ``keep``: columns the caller knows the new row leaves as stored. Naming a column of a
-    unique constraint in ``SET`` makes PostgreSQL lock the row FOR UPDATE, which waits for the foreign-key
-    checks of rows pointing to it (KEY SHARE); left out, it locks FOR NO KEY UPDATE, which does not."""
+    the new row. ``keep``: columns the caller read as equal to the new row's: left out of ``SET``, and a
+    stored row that differs in them now is not updated (nor returned), so the caller can write it again
+    with them. Naming a column of a unique constraint in ``SET`` makes PostgreSQL lock the row FOR
+    UPDATE, which waits for the foreign-key checks of rows pointing to it (KEY SHARE); left out, it locks
+    FOR NO KEY UPDATE, which does not."""
     qn = connection.ops.quote_name
     sql = ""
     if conflict:
@@ -136,6 +138,7 @@ def conflict_sql(
             f"{qn(c)} = excluded.{qn(c)}" for c in columns if c not in conflict and c not in keep
         )
         sql = f" ON CONFLICT ({', '.join(qn(c) for c in conflict)}) DO UPDATE SET {updates}"
+    conditions = [f"{table}.{qn(c)} = excluded.{qn(c)}" for c in keep] if conflict else []
     if fence and conflict:
         # The fence: never let an older version (resourceVersion, pool generation) overwrite a newer one.
         # An equal resourceVersion is the stored object itself (Kubernetes gives every write a new one), so
@@ -143,7 +146,9 @@ def conflict_sql(
         # row, no children and no history, and publishes no change. An equal pool generation is not the same
         # row (a device moves between slices of one generation), so it passes.
         op = "<" if fence == RESOURCE_VERSION else "<="
-        sql += f" WHERE {table}.{qn(fence)} {op} excluded.{qn(fence)}"
+        conditions.insert(0, f"{table}.{qn(fence)} {op} excluded.{qn(fence)}")
+    if conditions:
+        sql += " WHERE " + " AND ".join(conditions)
     if returning:
         sql += " RETURNING " + ", ".join(qn(c) for c in returning)
     return sql

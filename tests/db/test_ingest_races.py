@@ -10,6 +10,7 @@ from django.utils import timezone
 from claims.models import ClaimDiagnosis, ClaimLifecycle, DiagnosisShape
 from fleet import ingest
 from fleet.ingest import Change, CursorUpdate
+from fleet.ingest import rows as ingest_rows
 from fleet.models import DeviceAllocation, ResourceClaim
 from tests.db.test_ingest import claim_record, upserts
 
@@ -128,3 +129,22 @@ def test_a_claim_update_does_not_wait_for_the_foreign_key_checks_of_rows_pointin
     )
     assert stored["r"].uid == "R2"
     assert DeviceAllocation.objects.filter(cluster=cluster, claim_uid="uid-c").count() == 1
+
+
+@pytest.mark.parametrize("read", ["absent", "as the record's"])
+def test_a_key_another_writer_stored_under_another_uid_since_the_read_gets_the_records_uid(monkeypatch, read):
+    # The batch reads the stored uids, then upserts. Meanwhile another writer (a late event of the name's
+    # deleted object) stored uid U1 at an older version. The newer record (U2) must win whole: data and
+    # uid, whether its key was read absent or already under U2.
+    cluster = ingest.get_or_create_cluster(f"uid-race-{len(read)}")
+    ingest.apply_batch(cluster, "ResourceClaim", upserts(claim_record("k", 800, [("n1", "gpu-0")], uid="U1")))
+    seen = {} if read == "absent" else {("ml", "k"): "U2"}
+    monkeypatch.setattr(ingest_rows, "_stored_uids", lambda *args: seen)
+    result = ingest.apply_batch(
+        cluster, "ResourceClaim", upserts(claim_record("k", 900, [("n1", "gpu-1")], uid="U2"))
+    )
+    assert result.written == [("ml", "k")]
+    row = ResourceClaim.objects.get(cluster=cluster, name="k")
+    assert (row.uid, int(row.resource_version)) == ("U2", 900)
+    held = DeviceAllocation.objects.filter(cluster=cluster, claim_uid="U2")
+    assert list(held.values_list("device_name", flat=True)) == ["gpu-1"]
