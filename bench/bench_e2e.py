@@ -404,21 +404,21 @@ class PendingClient(WsClient):
 
 
 def pending_latencies(
-    seen: list[tuple[float, float, float]], runs: list[tuple[float, float]], told: list[float]
+    seen: list[tuple[float, float]], runs: list[tuple[float, float]], told: list[float]
 ) -> tuple[list[float], int]:
     """Change -> its diagnosis stored and open pending pages told, per probe.
 
-    ``seen``: (written, shown on the heatmap, logged) of each probe the feed showed, ``logged`` the time
-    the diagnosis's change log took the probe's change (:func:`logged_at`; the heatmap's time when not
-    found there); ``runs``: (end, duration) of the diagnosis tasks; ``told``: when the pending websocket
-    said "changed". The first diagnosis run that started after the change was logged applied it (it
-    reads every logged change up to its start, a moment after it), and the first "changed" message after
-    that run's end is when a pending page refetched rows holding it: an upper bound by what the run does
-    after its commit (the message goes out at the commit) and by the websocket's window."""
+    ``seen``: (written, logged) of each probe the feed showed, ``logged`` the time the diagnosis's change
+    log took the probe's change (:func:`logged_at`; the heatmap's time when not found there); ``runs``:
+    (end, duration) of the diagnosis tasks; ``told``: when the pending websocket said "changed". The first
+    diagnosis run that started after the change was logged applied it (it reads every logged change up to
+    its start, a moment after it), and the first "changed" message after that run's end is when a pending
+    page refetched rows holding it: an upper bound by what the run does after its commit (the message goes
+    out at the commit) and by the websocket's window."""
     starts = sorted((end - duration, end) for end, duration in runs)
     start_times = [start for start, _ in starts]
     out, missed = [], 0
-    for written, _shown, logged in seen:
+    for written, logged in seen:
         i = bisect.bisect_left(start_times, logged)
         if i == len(starts):
             missed += 1
@@ -1015,11 +1015,11 @@ def main() -> int:
         logged = logged_at(shown_probes, shown, entries)
         told = sorted(pending_client.told)
         pending_lat, pending_missed = pending_latencies(
-            [(t, when, at) for (t, when), at in zip(shown, logged, strict=True)], during, told
+            [(t, at) for (t, _), at in zip(shown, logged, strict=True)], during, told
         )
         # The bound earlier runs reported: a run counts only if it started after the heatmap showed the
         # change (which may be a whole update after the change log took it).
-        upper_lat, upper_missed = pending_latencies([(t, when, when) for t, when in shown], during, told)
+        upper_lat, upper_missed = pending_latencies(shown, during, told)
         (run_dir / "ws-pending.json").write_text(json.dumps(pending_client.told))
         full_runs = task_runs(diag_log, "claims.tasks.recompute_diagnoses")
         (run_dir / "change.go").write_text("{}")

@@ -51,7 +51,7 @@ def rematch(run_dir: Path) -> dict[str, Any]:
         runs = diagnosis_runs(log, include_skipped)
         during = [(end, d) for end, d in runs if end - d < quiet]
         for since, at in starts.items():
-            seen = [(t, when, a) for (t, when), a in zip(shown, at, strict=True)]
+            seen = [(t, a) for (t, _), a in zip(shown, at, strict=True)]
             lat, lost = pending_latencies(seen, during, told)
             out[f"pending, {name}, {since}"] = {
                 "runs": len(during),

@@ -56,14 +56,15 @@ def upsert(
         conflict = ("cluster_id", *spec.natural_key)
         checked = bool(spec.children or spec.on_deleted)
         stored = _stored_uids(cluster, spec, records) if checked else {}
-        new_uid = {spec.key_of(r): r.meta.uid for r in records}  # a key's last record is the one written
+        keyed = [(spec.key_of(r), r) for r in records]
+        new_uid = {key: r.meta.uid for key, r in keyed}  # a key's last record is the one written
         replaced = {key: uid for key, uid in stored.items() if uid != new_uid[key]}
         # Where the stored uid was read as the record's, it is left out of the update: a uid is a key
         # column, and naming it would lock the row FOR UPDATE, which waits for (and can deadlock with) the
         # foreign-key checks of rows pointing to it, such as the diagnosis's (bench_e2e, L: a watch batch
         # aborted about once a run, its stream listing again). A row whose uid another writer changed
         # since is left by that statement (``keep``) and written with the rest, uid included.
-        same = [r for r in records if stored.get(spec.key_of(r)) == r.meta.uid]
+        same = [r for key, r in keyed if stored.get(key) == r.meta.uid]
         written = [
             tuple(r)
             for r in bulk_upsert(
@@ -71,7 +72,7 @@ def upsert(
             )
         ]
         done = set(written)
-        other = [r for r in records if stored.get(spec.key_of(r)) != r.meta.uid or spec.key_of(r) not in done]
+        other = [r for key, r in keyed if stored.get(key) != r.meta.uid or key not in done]
         written += [
             tuple(r)
             for r in bulk_upsert(spec.model, list(rows(other)), conflict, RESOURCE_VERSION, spec.natural_key)

@@ -136,7 +136,7 @@ def test_a_key_another_writer_stored_under_another_uid_since_the_read_gets_the_r
     # The batch reads the stored uids, then upserts. Meanwhile another writer (a late event of the name's
     # deleted object) stored uid U1 at an older version. The newer record (U2) must win whole: data and
     # uid, whether its key was read absent or already under U2.
-    cluster = ingest.get_or_create_cluster(f"uid-race-{len(read)}")
+    cluster = ingest.get_or_create_cluster("uid-race-absent" if read == "absent" else "uid-race-same")
     ingest.apply_batch(cluster, "ResourceClaim", upserts(claim_record("k", 800, [("n1", "gpu-0")], uid="U1")))
     seen = {} if read == "absent" else {("ml", "k"): "U2"}
     monkeypatch.setattr(ingest_rows, "_stored_uids", lambda *args: seen)
