@@ -155,6 +155,13 @@ def backend_cpu() -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
+def listing(cluster: Any, kind: str) -> None:
+    """The stream's state before its list, as the reflector records it (a first list that finds another
+    kind still listing leaves the read model's recompute to it). With a lease as long as the worker's
+    heartbeat keeps it through a long list."""
+    ingest.cursors.save_state(cluster, kind, "listing", "", 3600)
+
+
 def sync_kind(cluster: Any, kind: str, items: list[Obj], since: Callable[[], float]) -> KindRun:
     cpu, server = time.thread_time(), backend_cpu()
     ingest_list(cluster, kind, [items], 10**6)
@@ -173,6 +180,7 @@ def sync(cluster: Any, grouped: dict[str, list[Obj]], concurrent: bool = True) -
     if not concurrent:
         runs = {}
         for kind in INGEST_ORDER:
+            listing(cluster, kind)
             runs[kind] = sync_kind(cluster, kind, grouped.get(kind, []), clock())
         return runs
     start = threading.Barrier(len(INGEST_ORDER))
@@ -181,6 +189,7 @@ def sync(cluster: Any, grouped: dict[str, list[Obj]], concurrent: bool = True) -
 
     def stream(kind: str) -> None:
         try:
+            listing(cluster, kind)  # every stream lists from the start
             start.wait()
             results[kind] = sync_kind(cluster, kind, grouped.get(kind, []), since)
         except BaseException as exc:  # re-raised in the caller's thread

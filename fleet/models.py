@@ -644,6 +644,9 @@ class ReadModelVersion(models.Model):
 
     cluster = models.OneToOneField(Cluster, on_delete=models.CASCADE, primary_key=True)
     token = models.BigIntegerField()
+    # A first list left the whole cluster's recompute to the next one (``gpu_state.after_first_list``):
+    # the next recompute of the cluster recomputes all of it, and clears this.
+    owed = models.BooleanField(default=False)
 
     def __str__(self) -> str:
         return f"{self.cluster_id}@{self.token}"

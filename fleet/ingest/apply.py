@@ -167,7 +167,10 @@ def replace_all(
             spec.model, len(result.written) + len(result.deleted), tables_of(spec)
         )
         refreshed = False
-        if result.changed and pooled:
+        if result.changed and pooled and fresh:
+            others = [k for k, s in SPECS.items() if k != kind and pool_discovery.pooled(s)]
+            refreshed = gpu_state.after_first_list(cluster.pk, lambda: cursors.listing(cluster, others))
+        elif result.changed and pooled:
             refreshed = gpu_state.update(cluster.pk, None if everything else {p for _, p in touched})
         if cursor:
             cursors.save_cursor(

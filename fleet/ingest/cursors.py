@@ -56,6 +56,14 @@ def save_state(cluster: Cluster, kind: str, state: str, error: str, lease: float
     )
 
 
+def listing(cluster: Cluster, kinds: Sequence[str]) -> bool:
+    """Whether a stream of one of these kinds of the cluster is in a list: its state says so and its
+    lease is live (a worker that died mid-list vouches for nothing)."""
+    return WatchCursor.objects.filter(
+        cluster=cluster, kind__in=kinds, state="listing", lease_until__gt=timezone.now()
+    ).exists()
+
+
 def lease_end(seconds: float) -> Any:
     """``lease_until`` set to now + ``seconds``, never earlier than it already is (a round's end promises
     the next round's start; a heartbeat racing with it must not take that back)."""

@@ -88,11 +88,28 @@ class Reflector:
     def relist(self) -> int:
         """List everything and replace the stored set; returns the list's resourceVersion."""
         self.set_state("listing")
-        list_rv, pages = list_pages(self.source, self.kind)
-        rv = parse_resource_version(list_rv, f"{self.kind} list")
-        stored = ingest_list(self.cluster, self.kind, pages, rv)
+        try:
+            list_rv, pages = list_pages(self.source, self.kind)
+            rv = parse_resource_version(list_rv, f"{self.kind} list")
+            stored = ingest_list(self.cluster, self.kind, pages, rv)
+        except BaseException:
+            self._settle_read_model()
+            raise
         log.info("%s/%s: listed %d objects at %d", self.cluster.name, self.kind, stored, rv)
         return rv
+
+    def _settle_read_model(self) -> None:
+        """After a failed list: another kind's first list may have left the cluster's read model to this
+        one's (``gpu_state.after_first_list``); recompute it now rather than after a list that may never
+        succeed (a forbidden kind). Never hides the list's own error."""
+        try:
+            if ingest.gpu_state.settle(self.cluster.pk):
+                log.info(
+                    "%s/%s: list failed; recomputed the read model it was owed", self.cluster.name, self.kind
+                )
+        except DatabaseError as exc:  # the list's error says more; the next list or batch pays the debt
+            log.warning("%s/%s: cannot recompute the owed read model: %s", self.cluster.name, self.kind, exc)
+            close_old_connections()
 
     # ----------------------------------------------------------------------------------------- watch
 
