@@ -6,8 +6,8 @@ devices and allocations (a pool is the unit because the dynamic-MIG counter rule
 generation are per pool, and a GPU's devices are published in one pool). A claim batch changes only who
 holds some devices: it recomputes the GPUs of those devices (and of devices sharing a counter set with
 them), see :func:`units_moved_by`. A relist recomputes the pools of what it wrote or deleted; an initial
-sync, the whole cluster, once for its kinds (:func:`after_first_list`). Several batches applied in one transaction
-(an import: every kind of a snapshot) recompute once, at the end, under :func:`one_refresh`.
+sync, the whole cluster, once for its kinds (:func:`after_first_list`). Several batches applied in one
+transaction (an import: every kind of a snapshot) recompute once, at the end, under :func:`one_refresh`.
 The rows come from :func:`rows_of`, a pure function over the same inputs the per-device counts read, so
 the read model counts by :mod:`fleet.counts`' rules only.
 """

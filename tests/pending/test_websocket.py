@@ -75,7 +75,7 @@ async def test_a_change_is_told_at_once_and_changes_within_the_window_after_it_a
 ):
     from claims import consumers
 
-    monkeypatch.setattr(consumers, "BATCH_SECONDS", 5.0)  # the changes below surely fall inside it
+    monkeypatch.setattr(consumers, "DIAGNOSED_SECONDS", 5.0)  # the changes below surely fall inside it
     ws, connected, _ = await connect("/ws/pending/?cluster=sim", ORIGIN, session_cookie)
     assert connected
     await ws.receive_json_from(timeout=5)
@@ -86,6 +86,26 @@ async def test_a_change_is_told_at_once_and_changes_within_the_window_after_it_a
         await sync_to_async(notify_pending_changed)("sim")
     assert (await ws.receive_json_from(timeout=10))["version"] == 3
     assert await ws.receive_nothing(timeout=1.0)  # the three coalesced
+    await ws.disconnect()
+
+
+@run_async
+async def test_a_stored_diagnosis_is_not_held_for_the_window_of_ingest_changes(session_cookie, monkeypatch):
+    from claims import consumers
+
+    monkeypatch.setattr(consumers, "BATCH_SECONDS", 8.0)
+    monkeypatch.setattr(consumers, "DIAGNOSED_SECONDS", 0.5)
+    claims = {"type": "fleet.change", "cluster": "sim", "kind": "ResourceClaim"}
+    ws, connected, _ = await connect("/ws/pending/?cluster=sim", ORIGIN, session_cookie)
+    assert connected
+    await ws.receive_json_from(timeout=5)
+    await sync_to_async(ingest.publish)(claims)
+    assert (await ws.receive_json_from(timeout=5))["version"] == 2  # told at once: no message before it
+    await sync_to_async(ingest.publish)(claims)  # within the 8-s window: held
+    assert await ws.receive_nothing(timeout=1.0)
+    await sync_to_async(notify_pending_changed)("sim")  # a diagnosis: 0.5 s after the last message
+    assert (await ws.receive_json_from(timeout=4))["version"] == 3  # well before the 8-s window ends
+    assert await ws.receive_nothing(timeout=1.0), "the held ingest change went with it"
     await ws.disconnect()
 
 
