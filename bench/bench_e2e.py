@@ -394,6 +394,7 @@ class PendingClient(WsClient):
     def __init__(self, port: int, session: str) -> None:
         super().__init__(port, session)
         self.told: list[float] = []
+        self.diagnosed: list[tuple[float, float]] = []  # (received, diagnosed_at) of messages with one
         self.hello = False
 
     def handle(self, msg: Obj, now: float) -> None:
@@ -401,10 +402,15 @@ class PendingClient(WsClient):
             self.hello = True
         elif msg.get("type") == "changed":
             self.told.append(now)
+            if isinstance(msg.get("diagnosed_at"), int | float):
+                self.diagnosed.append((now, float(msg["diagnosed_at"])))
 
 
 def pending_latencies(
-    seen: list[tuple[float, float]], runs: list[tuple[float, float]], told: list[float]
+    seen: list[tuple[float, float]],
+    runs: list[tuple[float, float]],
+    told: list[float],
+    diagnosed: list[tuple[float, float]] | None = None,
 ) -> tuple[list[float], int]:
     """Change -> its diagnosis stored and open pending pages told, per probe.
 
@@ -412,16 +418,33 @@ def pending_latencies(
     log took the probe's change (:func:`logged_at`; the heatmap's time when not found there); ``runs``:
     (end, duration) of the diagnosis tasks; ``told``: when the pending websocket said "changed". The first
     diagnosis run that started after the change was logged applied it (it reads every logged change up to
-    its start, a moment after it), and the first "changed" message after that run's end is when a pending
-    page refetched rows holding it: an upper bound by what the run does after its commit (the message goes
-    out at the commit) and by the websocket's window."""
+    its start, a moment after it).
+
+    With ``diagnosed`` ((received, diagnosed_at) of the messages announcing stored diagnoses, in the order
+    received): the page was told by the first of them whose diagnoses were stored at or after that run's
+    start, that is by that run's commit or a later one's. Without: by the first message of any kind after
+    that run's end, an upper bound by what the run does after its commit (the message goes out at the
+    commit, before the run's end) and by the window of the ingest changes' messages after it."""
     starts = sorted((end - duration, end) for end, duration in runs)
     start_times = [start for start, _ in starts]
+    # The earliest message announcing a commit at or after each time: a suffix minimum over diagnosed_at.
+    by_stored = sorted((at, received) for received, at in diagnosed or [])
+    first_told = [received for _, received in by_stored]
+    for k in range(len(first_told) - 2, -1, -1):
+        first_told[k] = min(first_told[k], first_told[k + 1])
+    stored_times = [at for at, _ in by_stored]
     out, missed = [], 0
     for written, logged in seen:
         i = bisect.bisect_left(start_times, logged)
         if i == len(starts):
             missed += 1
+            continue
+        if diagnosed is not None:
+            k = bisect.bisect_left(stored_times, starts[i][0])
+            if k == len(stored_times):
+                missed += 1
+                continue
+            out.append(first_told[k] - written)
             continue
         j = bisect.bisect_left(told, starts[i][1])
         if j == len(told):
@@ -1014,13 +1037,14 @@ def main() -> int:
         (run_dir / "change-log.json").write_text(json.dumps([[*k, v] for k, v in entries.items()]))
         logged = logged_at(shown_probes, shown, entries)
         told = sorted(pending_client.told)
-        pending_lat, pending_missed = pending_latencies(
-            [(t, at) for (t, _), at in zip(shown, logged, strict=True)], during, told
-        )
-        # The bound earlier runs reported: a run counts only if it started after the heatmap showed the
-        # change (which may be a whole update after the change log took it).
+        from_log = [(t, at) for (t, _), at in zip(shown, logged, strict=True)]
+        pending_lat, pending_missed = pending_latencies(from_log, during, told, pending_client.diagnosed)
+        # The bounds earlier runs reported: the first message after the applying run's end, and (before
+        # 2026-12-07) a run counted only if it started after the heatmap showed the change.
+        end_lat, end_missed = pending_latencies(from_log, during, told)
         upper_lat, upper_missed = pending_latencies(shown, during, told)
         (run_dir / "ws-pending.json").write_text(json.dumps(pending_client.told))
+        (run_dir / "ws-pending-diagnosed.json").write_text(json.dumps(pending_client.diagnosed))
         full_runs = task_runs(diag_log, "claims.tasks.recompute_diagnoses")
         (run_dir / "change.go").write_text("{}")
         wait_for_source(topo, run_dir / "change.done", 60)
@@ -1051,7 +1075,14 @@ def main() -> int:
                 "ws_messages": len(pending_client.told),
                 "client_error": pending_client.error,
             },
-            # The same from the time the heatmap showed the change (the bound runs before 2026-12-07 gave).
+            # The same, told by the first message of any kind after the applying run's end (the bound
+            # runs before ``diagnosed_at`` gave).
+            "churn_change_to_pending_ws_after_run_end": {
+                "matched": len(end_lat),
+                "missed": end_missed,
+                **quantiles(end_lat, 2),
+            },
+            # ... and from the time the heatmap showed the change (the bound runs before 2026-12-07 gave).
             "churn_change_to_pending_ws_from_heatmap": {
                 "matched": len(upper_lat),
                 "missed": upper_missed,

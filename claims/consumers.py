@@ -2,17 +2,19 @@
 
 Two sources: ingest's fleet changes (claims and pods created, allocated, deleted) and the diagnosis task
 (``notify_pending_changed`` after it stored new diagnoses). A message carries no claim data at all, only a
-version number and the cluster names: the page refetches its rows over HTTP, where the user's namespace
-visibility applies. So nothing a user may not see ever crosses the socket, and a lost message only delays
-an update. Authentication and the origin check come from the ASGI stack (``dashboard/asgi.py``), and the
-socket closes when its login session ends (``web.sockets.SessionBoundConsumer``), as for
-``/ws/fleet/``.
+version number, the cluster names and, when it announces stored diagnoses, when the newest of them were
+stored (``diagnosed_at``, seconds since the epoch): the page refetches its rows over HTTP, where the
+user's namespace visibility applies. So nothing a user may not see ever crosses the socket, and a lost
+message only delays an update. Authentication and the origin check come from the ASGI stack
+(``dashboard/asgi.py``), and the socket closes when its login session ends
+(``web.sockets.SessionBoundConsumer``), as for ``/ws/fleet/``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 from asgiref.sync import async_to_sync
@@ -48,6 +50,7 @@ class PendingConsumer(SessionBoundConsumer, AsyncJsonWebsocketConsumer):
     flusher: asyncio.Task[None] | None = None
     flushed_at = float("-inf")  # when the last message started (the event loop's clock)
     due = float("inf")  # when the scheduled message starts
+    diagnosed_at: float | None = None  # when the newest diagnoses the next message announces were stored
 
     async def connect(self) -> None:
         query = await self.open_with(parse_pending_query, (QueryError,))
@@ -73,7 +76,13 @@ class PendingConsumer(SessionBoundConsumer, AsyncJsonWebsocketConsumer):
             self._mark(str(event.get("cluster", "")), BATCH_SECONDS)
 
     async def pending_change(self, event: dict[str, Any]) -> None:
-        self._mark(str(event.get("cluster", "")), DIAGNOSED_SECONDS)
+        cluster = str(event.get("cluster", ""))
+        if self.cluster and cluster != self.cluster:
+            return
+        at = event.get("at")
+        if isinstance(at, int | float):
+            self.diagnosed_at = max(self.diagnosed_at or at, at)
+        self._mark(cluster, DIAGNOSED_SECONDS)
 
     def _mark(self, cluster: str, window: float) -> None:
         """Schedule a message ``window`` after the last one started (at once if that is past), or move the
@@ -94,7 +103,10 @@ class PendingConsumer(SessionBoundConsumer, AsyncJsonWebsocketConsumer):
         self.flusher, self.due = None, float("inf")
         clusters, self.dirty = sorted(self.dirty), set()
         self.version += 1
-        await self.send_json({"type": "changed", "version": self.version, "clusters": clusters})
+        message: dict[str, Any] = {"type": "changed", "version": self.version, "clusters": clusters}
+        if self.diagnosed_at is not None:
+            message["diagnosed_at"], self.diagnosed_at = self.diagnosed_at, None
+        await self.send_json(message)
 
 
 def notify_pending_changed(cluster: str) -> None:
@@ -103,7 +115,7 @@ def notify_pending_changed(cluster: str) -> None:
     layer = get_channel_layer()
     if layer is None:
         return
-    event = {"type": "pending.change", "cluster": cluster}
+    event = {"type": "pending.change", "cluster": cluster, "at": time.time()}  # at the commit (on_commit)
     try:
         try:
             loop = asyncio.get_running_loop()

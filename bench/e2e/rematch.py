@@ -2,13 +2,16 @@
 latency (change -> ``/ws/pending/``), the latter both with every diagnosis run counted (skipped runs too,
 as runs recorded before ``diagnosis_runs`` left them out were counted) and with only the runs that applied
 changes; each from the time the change log took the change where the run kept its log
-(``change-log.json``), and from the time the heatmap showed it.
+(``change-log.json``), and from the time the heatmap showed it; each told by the first message after the
+applying run's end, and, where the run kept them (``ws-pending-diagnosed.json``), by the first message
+announcing diagnoses stored since the run's start.
 
     python bench/e2e/rematch.py RUN_DIR [RUN_DIR ...]
 
 Reads ``probes.jsonl``, ``ws-changes.json`` (the cell changes the feed client saw), ``ws-pending.json``
-(when the pending client was told), ``worker-diagnosis.log``, ``change-log.json`` and ``change.done`` (the
-quiet change after the churn: runs after it are not the churn's).
+(when the pending client was told), ``ws-pending-diagnosed.json`` if kept, ``worker-diagnosis.log``,
+``change-log.json`` and ``change.done`` (the quiet change after the churn: runs after it are not the
+churn's).
 """
 
 from __future__ import annotations
@@ -40,6 +43,10 @@ def rematch(run_dir: Path) -> dict[str, Any]:
         "from the heatmap": [when for _, when in shown],
     }
     told = sorted(json.loads((run_dir / "ws-pending.json").read_text()))
+    kept_diagnosed = run_dir / "ws-pending-diagnosed.json"
+    tellings: dict[str, list[tuple[float, float]] | None] = {"after the run's end": None}
+    if kept_diagnosed.exists():
+        tellings["by diagnosed_at"] = [(r, a) for r, a in json.loads(kept_diagnosed.read_text())]
     log = run_dir / "worker-diagnosis.log"
     change = run_dir / "change.done"
     quiet = json.loads(change.read_text())["t"] if change.exists() else float("inf")
@@ -52,13 +59,14 @@ def rematch(run_dir: Path) -> dict[str, Any]:
         during = [(end, d) for end, d in runs if end - d < quiet]
         for since, at in starts.items():
             seen = [(t, a) for (t, _), a in zip(shown, at, strict=True)]
-            lat, lost = pending_latencies(seen, during, told)
-            out[f"pending, {name}, {since}"] = {
-                "runs": len(during),
-                "matched": len(lat),
-                "missed": lost,
-                **quantiles(lat, 2),
-            }
+            for told_how, diagnosed in tellings.items():
+                lat, lost = pending_latencies(seen, during, told, diagnosed)
+                out[f"pending, {name}, {since}, told {told_how}"] = {
+                    "runs": len(during),
+                    "matched": len(lat),
+                    "missed": lost,
+                    **quantiles(lat, 2),
+                }
     return out
 
 

@@ -3,6 +3,8 @@ rows changed (after ingest or after the diagnosis task stored results), never *w
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from asgiref.sync import sync_to_async
 from channels.testing import WebsocketCommunicator
@@ -61,9 +63,13 @@ async def test_stored_diagnoses_and_claim_changes_are_announced_without_data(ses
     assert connected
     assert await ws.receive_json_from(timeout=5) == {"type": "hello", "version": 1}
     # The diagnosis task notifies after storing (transaction.on_commit runs at once outside a transaction).
+    before = time.time()
     await sync_to_async(recompute_diagnoses)("sim")
-    assert await ws.receive_json_from(timeout=5) == {"type": "changed", "version": 2, "clusters": ["sim"]}
-    # An ingest batch of claims, as the watch workers publish it.
+    message = await ws.receive_json_from(timeout=5)
+    # When the diagnoses were stored, and nothing else (the page refetches what it may see over HTTP).
+    assert before <= message.pop("diagnosed_at") <= time.time()
+    assert message == {"type": "changed", "version": 2, "clusters": ["sim"]}
+    # An ingest batch of claims, as the watch workers publish it: no diagnosis time.
     await sync_to_async(ingest.publish)({"type": "fleet.change", "cluster": "sim", "kind": "ResourceClaim"})
     assert await ws.receive_json_from(timeout=5) == {"type": "changed", "version": 3, "clusters": ["sim"]}
     await ws.disconnect()
@@ -100,11 +106,13 @@ async def test_a_stored_diagnosis_is_not_held_for_the_window_of_ingest_changes(s
     assert connected
     await ws.receive_json_from(timeout=5)
     await sync_to_async(ingest.publish)(claims)
-    assert (await ws.receive_json_from(timeout=5))["version"] == 2  # told at once: no message before it
+    first = await ws.receive_json_from(timeout=5)
+    assert first["version"] == 2 and "diagnosed_at" not in first  # told at once: no message before it
     await sync_to_async(ingest.publish)(claims)  # within the 8-s window: held
     assert await ws.receive_nothing(timeout=1.0)
     await sync_to_async(notify_pending_changed)("sim")  # a diagnosis: 0.5 s after the last message
-    assert (await ws.receive_json_from(timeout=4))["version"] == 3  # well before the 8-s window ends
+    second = await ws.receive_json_from(timeout=4)
+    assert second["version"] == 3 and "diagnosed_at" in second  # well before the 8-s window ends
     assert await ws.receive_nothing(timeout=1.0), "the held ingest change went with it"
     await ws.disconnect()
 
