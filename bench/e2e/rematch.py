@@ -60,6 +60,10 @@ def rematch(run_dir: Path) -> dict[str, Any]:
         for since, at in starts.items():
             seen = [(t, a) for (t, _), a in zip(shown, at, strict=True)]
             for told_how, diagnosed in tellings.items():
+                if diagnosed is not None and include_skipped:
+                    # A skipped run would take the message of the run it skipped for, which started
+                    # before the change and did not apply it: too early.
+                    continue
                 lat, lost = pending_latencies(seen, during, told, diagnosed)
                 out[f"pending, {name}, {since}, told {told_how}"] = {
                     "runs": len(during),

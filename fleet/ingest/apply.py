@@ -172,6 +172,8 @@ def replace_all(
             refreshed = gpu_state.after_first_list(cluster.pk, lambda: cursors.listing(cluster, others))
         elif result.changed and pooled:
             refreshed = gpu_state.update(cluster.pk, None if everything else {p for _, p in touched})
+        elif pooled:  # a list that changed nothing may be the one another's first list counted on
+            refreshed = gpu_state.pay_owed(cluster.pk)
         if cursor:
             cursors.save_cursor(
                 cluster,

@@ -215,8 +215,10 @@ def refresh(
     may have rewritten device rows with their published taints only). With ``version`` the cluster gets a
     new :class:`ReadModelVersion` token, which the readers' caches compare."""
     locks.read_model_lock(cluster_id)
-    if _owed(cluster_id):  # a first list left the whole cluster to this recompute
-        pools, held, retaint, version = None, None, True, True
+    # A first list may have left the whole cluster to this recompute. Not for ``version=False``: the
+    # migrations' rebuild runs before the table of versions and debts exists.
+    if version and _owed(cluster_id):
+        pools, held, retaint = None, None, True
     if held is not None and pools is not None:
         # No re-taint: who holds a device changes none of its attributes, which the rules select on.
         return _refresh_units(cluster_id, sorted(set(pools)), held, version)
@@ -390,15 +392,24 @@ def after_first_list(cluster_id: int, listing_elsewhere: Callable[[], bool]) -> 
     return False
 
 
+def pay_owed(cluster_id: int) -> bool:
+    """Inside an ingest transaction that recomputes nothing itself (a list that changed nothing, a first
+    list of no objects): recompute the whole cluster if a first list left it owed; True if so. Inside
+    :func:`one_refresh` its end does (:func:`refresh` pays what is owed)."""
+    if _deferred.get() is not None:
+        return False
+    locks.read_model_lock(cluster_id)
+    if not _owed(cluster_id):
+        return False
+    refresh(cluster_id, None)
+    return True
+
+
 def settle(cluster_id: int) -> bool:
-    """Recompute the whole cluster if a first list left it owed (:func:`after_first_list`); True if so.
-    In a transaction of its own: for a stream whose list failed, which the debt may have counted on."""
+    """:func:`pay_owed` in a transaction of its own: for a stream whose list failed, which the debt may
+    have counted on (once its state no longer says it is listing)."""
     with transaction.atomic():
-        locks.read_model_lock(cluster_id)
-        if not _owed(cluster_id):
-            return False
-        refresh(cluster_id, None)
-        return True
+        return pay_owed(cluster_id)
 
 
 @contextmanager

@@ -88,24 +88,22 @@ class Reflector:
     def relist(self) -> int:
         """List everything and replace the stored set; returns the list's resourceVersion."""
         self.set_state("listing")
-        try:
-            list_rv, pages = list_pages(self.source, self.kind)
-            rv = parse_resource_version(list_rv, f"{self.kind} list")
-            stored = ingest_list(self.cluster, self.kind, pages, rv)
-        except BaseException:
-            self._settle_read_model()
-            raise
+        list_rv, pages = list_pages(self.source, self.kind)
+        rv = parse_resource_version(list_rv, f"{self.kind} list")
+        stored = ingest_list(self.cluster, self.kind, pages, rv)
         log.info("%s/%s: listed %d objects at %d", self.cluster.name, self.kind, stored, rv)
         return rv
 
     def _settle_read_model(self) -> None:
-        """After a failed list: another kind's first list may have left the cluster's read model to this
-        one's (``gpu_state.after_first_list``); recompute it now rather than after a list that may never
-        succeed (a forbidden kind). Never hides the list's own error."""
+        """After a failed round, once its state no longer says "listing": another kind's first list may
+        have left the cluster's read model to this stream's list (``gpu_state.after_first_list``);
+        recompute it now rather than after a list that may never succeed (a forbidden kind). Settled
+        while the state still said "listing", a first list committing between the two would leave the
+        debt to this stream again. A database error is logged, not raised."""
         try:
             if ingest.gpu_state.settle(self.cluster.pk):
                 log.info(
-                    "%s/%s: list failed; recomputed the read model it was owed", self.cluster.name, self.kind
+                    "%s/%s: round failed; recomputed the read model it was owed", self.cluster.name, self.kind
                 )
         except DatabaseError as exc:  # the list's error says more; the next list or batch pays the debt
             log.warning("%s/%s: cannot recompute the owed read model: %s", self.cluster.name, self.kind, exc)
@@ -248,6 +246,7 @@ class Reflector:
         except Forbidden as exc:
             log.warning("%s/%s: forbidden: %s", self.cluster.name, self.kind, exc)
             self.record_state("forbidden", str(exc))
+            self._settle_read_model()
             return Round("forbidden", self.config.forbidden_retry, failures)
         except (SourceError, OSError, DatabaseError) as exc:
             # OSError: connection refused/reset below the client; DatabaseError: PostgreSQL went away.
@@ -256,6 +255,7 @@ class Reflector:
             if isinstance(exc, DatabaseError):
                 close_old_connections()
             self.record_state("backoff", f"{type(exc).__name__}: {exc}")
+            self._settle_read_model()
             return Round("backoff", delay, failures + 1)
 
     def backoff(self, failures: int) -> float:

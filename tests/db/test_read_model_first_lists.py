@@ -117,3 +117,46 @@ def test_a_stream_whose_first_list_fails_pays_the_recompute_it_was_left(cluster)
     assert not owed(cluster)
     assert GpuState.objects.filter(cluster=cluster).count() == 4
     assert_read_model_is_current(cluster.pk)
+
+
+@pytest.mark.parametrize("claims_list", ["first and empty", "a relist that changed nothing"])
+def test_a_list_that_writes_nothing_still_pays_what_it_was_left(cluster, claims_list):
+    if claims_list == "a relist that changed nothing":
+        ingest.replace_all(cluster, "ResourceClaim", claims(), 4)  # stored; its relist (below) is not fresh
+    listing(cluster, "ResourceClaim")
+    ingest.replace_all(cluster, "ResourceSlice", slices(), 2)
+    assert owed(cluster) and not GpuState.objects.filter(cluster=cluster).exists()
+    again = [] if claims_list == "first and empty" else claims()
+    result = ingest.replace_all(cluster, "ResourceClaim", again, 5)
+    assert not result.changed
+    assert not owed(cluster)
+    assert GpuState.objects.filter(cluster=cluster).count() == 4
+    assert_read_model_is_current(cluster.pk)
+
+
+def test_a_failed_round_settles_once_its_state_no_longer_says_listing(cluster, monkeypatch):
+    # Settled while the stream still said "listing", a first list committing in between would leave the
+    # recompute to this stream again, until its next round.
+    states = []
+    settle = gpu_state.settle
+
+    def watched(cluster_id: int) -> bool:
+        states.append(ingest.cursors.listing(cluster, ["ResourceClaim"]))
+        return settle(cluster_id)
+
+    monkeypatch.setattr(gpu_state, "settle", watched)
+    reflector = Reflector(cluster, "ResourceClaim", ForbiddenList(), StreamConfig(forbidden_retry=0.01))
+    reflector.round(threading.Event())
+    assert states == [False]
+
+
+def test_the_migrations_rebuild_reads_no_debt_before_its_table_exists(cluster):
+    # Migration 0008 fills the read model through rebuild_all, before 0011 creates the versions' table.
+    from django.db import connection
+
+    ingest.replace_all(cluster, "ResourceSlice", slices(), 2)
+    with connection.cursor() as cur:
+        cur.execute("SET CONSTRAINTS ALL IMMEDIATE")  # the deferred foreign-key checks of its rows first
+        cur.execute("DROP TABLE fleet_readmodelversion")  # rolled back with the test's transaction
+    gpu_state.rebuild_all([cluster.pk])
+    assert GpuState.objects.filter(cluster=cluster).count() == 4
