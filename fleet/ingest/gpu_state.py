@@ -279,11 +279,17 @@ def _next_revision(cluster_id: int) -> int:
 def _new_version(cluster_id: int) -> None:
     """A new token for the cluster's :class:`ReadModelVersion`, committed with the rows. Every recompute
     that versions is one an owed whole-cluster recompute turned into, or came after: it clears the debt."""
+    _save_version(cluster_id, owed=False, update_fields=["token", "owed"])
+
+
+def _save_version(cluster_id: int, owed: bool, update_fields: list[str]) -> None:
+    """Upsert the cluster's :class:`ReadModelVersion` row (created with a new token), updating
+    ``update_fields``."""
     ReadModelVersion.objects.bulk_create(
-        [ReadModelVersion(cluster_id=cluster_id, token=secrets.randbits(62), owed=False)],
+        [ReadModelVersion(cluster_id=cluster_id, token=secrets.randbits(62), owed=owed)],
         update_conflicts=True,
         unique_fields=["cluster"],
-        update_fields=["token", "owed"],
+        update_fields=update_fields,
     )
 
 
@@ -376,19 +382,14 @@ def after_first_list(cluster_id: int, listing_elsewhere: Callable[[], bool]) -> 
     read under the read model's lock: that list has not committed, and takes the lock after this one
     has): it leaves the cluster :attr:`~fleet.models.ReadModelVersion.owed`, and the next recompute of
     the cluster, the other list's at the latest, recomputes all of it (:func:`refresh`). A stream whose
-    list fails pays the debt itself (:func:`settle`), so it never waits on a list that will not come."""
+    round fails pays the debt itself (:func:`settle`), so it never waits on a list that will not come."""
     if _deferred.get() is not None:
         return update(cluster_id, None)
     locks.read_model_lock(cluster_id)
     if not listing_elsewhere():
         refresh(cluster_id, None)
         return True
-    ReadModelVersion.objects.bulk_create(
-        [ReadModelVersion(cluster_id=cluster_id, token=secrets.randbits(62), owed=True)],
-        update_conflicts=True,
-        unique_fields=["cluster"],
-        update_fields=["owed"],
-    )
+    _save_version(cluster_id, owed=True, update_fields=["owed"])  # the readers' token stays: nothing changed
     return False
 
 
