@@ -180,6 +180,9 @@ CLAIMSCOPE_WATCH_TIMEOUT = env_int("CLAIMSCOPE_WATCH_TIMEOUT", 0, minimum=0)  # 
 CLAIMSCOPE_WATCH_LOCK_TTL = env_int("CLAIMSCOPE_WATCH_LOCK_TTL", 10, minimum=1)
 CLAIMSCOPE_WATCH_FORBIDDEN_RETRY = env_int("CLAIMSCOPE_WATCH_FORBIDDEN_RETRY", 300, minimum=1)
 CLAIMSCOPE_WATCH_BACKOFF_MAX = env_int("CLAIMSCOPE_WATCH_BACKOFF_MAX", 30, minimum=1)
+# How long a stream gathers watch events into one batch after the first: each batch is a transaction, a
+# change event and a read-model refresh, so a shorter window trades CPU for latency (docs/watchers.md).
+CLAIMSCOPE_WATCH_FLUSH_MS = env_int("CLAIMSCOPE_WATCH_FLUSH_MS", 250, minimum=1)
 # A file a worker's consumer touches every 10 s while it consumes (dashboard/celery.py), for a liveness
 # probe that fails when the consumer is dead but the process is not. Empty: none.
 CLAIMSCOPE_WORKER_ALIVE_FILE = env_str("CLAIMSCOPE_WORKER_ALIVE_FILE", "")

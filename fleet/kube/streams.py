@@ -41,6 +41,7 @@ def stream_config() -> StreamConfig:
         watch_timeout=timeout or float(random.randint(300, 600)),
         forbidden_retry=float(getattr(settings, "CLAIMSCOPE_WATCH_FORBIDDEN_RETRY", 300)),
         backoff_max=float(getattr(settings, "CLAIMSCOPE_WATCH_BACKOFF_MAX", 30)),
+        flush_interval=float(getattr(settings, "CLAIMSCOPE_WATCH_FLUSH_MS", 250)) / 1000,
         lease=lock_ttl(),
     )
 
