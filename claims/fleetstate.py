@@ -143,6 +143,7 @@ class FleetState:
     _by_age: HoldersByAge | None = field(default=None, repr=False)
     _pods_by_claim: dict[tuple[str, str], list[Obj]] | None = field(default=None, repr=False)
     _device_rows: Devices | None = field(default=None, repr=False)
+    _allocated_claims: list[Obj] | None = field(default=None, repr=False)  # see from_lists
     # Per-pool rows and the allocator's baseline kept between the states of a live fleet
     # (claims.livestate); None: computed afresh.
     rows: DeviceRows | None = field(default=None, repr=False)
@@ -171,14 +172,17 @@ class FleetState:
         links: tuple[dict[tuple[str, str], list[Obj]], dict[DeviceKey, list[Obj]]] | None = None,
         allocated: Allocated | None = None,
         by_age: HoldersByAge | None = None,
+        allocated_claims: list[Obj] | None = None,
     ) -> FleetState:
         """A state of v1 objects by kind (the lists are taken, not copied); ``rows``: per-pool rows to
         reuse (see ``claims.devicerows``); ``links``: the pods by claim and the holders by device of these
         lists, kept up to date elsewhere (``claims.livestate``), instead of built here from every pod and
         claim; ``allocated``: the allocator's baseline kept of earlier states (``claims.allocator.baseline``);
-        ``by_age``: the holders in age order, kept up to date with ``links``' holders. Neither the dicts
-        nor their lists may change while the state is in use."""
+        ``by_age``: the holders in age order, kept up to date with ``links``' holders;
+        ``allocated_claims``: the claims of ``lists`` with an allocation (``is_allocated``), in any
+        order. Neither the dicts nor their lists may change while the state is in use."""
         state = cls(cluster=cluster, rows=rows, allocated=allocated)
+        state._allocated_claims = allocated_claims
         if links is not None:
             state._pods_by_claim, state._holders = links
             state._by_age = by_age
@@ -265,6 +269,7 @@ class FleetState:
                 self.objects["DeviceClass"],
                 self.objects["ResourceClaim"],
                 self.objects["Node"],
+                allocated=self._allocated_claims,
             )
             self._snapshot.allocated = self.allocated
         return self._snapshot

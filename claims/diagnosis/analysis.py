@@ -98,7 +98,10 @@ def analyze(ctx: Context, req: Req, nodes: set[str] | None) -> Analysis:
                 # The allocator skips devices in use and pools it cannot use before evaluating selectors.
                 skipped, batch = ctx.split_skipped(batch, part)
                 if skipped:
-                    _record(ctx, req, out, skipped, FREE, holders, idle, ("skipped", part))
+                    # Skipped whole (a group all in use, most of them under churn), the batch is the part
+                    # it was split from, whose summary another request likely made already: keyed as that
+                    # part, it is walked once per state, not twice.
+                    _record(ctx, req, out, skipped, FREE, holders, idle, ("skipped", part) if batch else part)
                     if not batch:
                         continue
                     rep = batch[0]  # the rest only names where the error is: it is never summarized

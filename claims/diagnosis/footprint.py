@@ -31,7 +31,8 @@ def class_names(claim: Obj) -> frozenset[str]:
 
 
 def all_groups(state: FleetState) -> frozenset[GroupKey]:
-    return frozenset((i.model, i.profile) for i in state.devices())
+    """The groups of every device: the union of the pools' (a walk of pools, not of ~100,000 devices)."""
+    return frozenset().union(*state.pool_groups().values())
 
 
 def class_groups(state: FleetState) -> dict[str, frozenset[GroupKey]]:

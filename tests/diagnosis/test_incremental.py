@@ -419,9 +419,13 @@ def assert_links_current(live: Any, loaded: FleetState, where: str) -> None:
     for kept_list, fresh_list in ((kept_order.every, fresh.every), (kept_order.unreserved, fresh.unreserved)):
         assert [key_of(o) for o in kept_list] == [key_of(o) for o in fresh_list], f"{where}: by age"
         assert all(o is live.objects["ResourceClaim"][key_of(o)] for o in kept_list), f"{where}: by age"
-    # The allocator's baseline kept between states is the one the fleet loaded now sums up.
+    # The allocator's baseline kept between states is the one the fleet loaded now sums up, and the
+    # allocated claims kept claim by claim are the loaded fleet's, as the live fleet's objects.
     with live.state() as state:
         kept = live.allocated.baseline(state.snapshot)
+        allocated = state.snapshot.allocated_claims
+        assert sorted(map(key_of, allocated)) == sorted(map(key_of, loaded.snapshot.allocated_claims)), where
+        assert all(o is live.objects["ResourceClaim"][key_of(o)] for o in allocated), where
     summed = from_nothing(loaded.snapshot)
     assert (kept.in_use, kept.shared) == (summed.in_use, summed.shared), f"{where}: devices in use"
     assert (kept.counter_use, kept.capacity_use) == (summed.counter_use, summed.capacity_use), where
