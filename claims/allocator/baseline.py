@@ -81,12 +81,11 @@ class Allocated:
     def _brought_to(self, snapshot: FleetSnapshot) -> Baseline:
         claims = {id(c): c for c in snapshot.allocated_claims}
         touched: set[DeviceKey] = set()
-        for i, claim in self._claims.items():
-            if i not in claims:
-                self._claim(claim, -1, touched)
-        for i, claim in claims.items():
-            if i not in self._claims:
-                self._claim(claim, +1, touched)
+        # The differences as set operations on the keys: ~30,000 claims at L, of which a few changed.
+        for i in self._claims.keys() - claims.keys():
+            self._claim(self._claims[i], -1, touched)
+        for i in claims.keys() - self._claims.keys():
+            self._claim(claims[i], +1, touched)
         self._claims = claims
         by_pool = slice_index(snapshot).by_pool
         moved: set[PoolKey] = set()
