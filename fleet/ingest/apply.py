@@ -69,7 +69,8 @@ def apply_batch(
         if cursor:
             cursors.save_cursor(cluster, kind, cursor, forward_only=True)
         events.publish_on_commit(cluster, result)
-    if grown and refreshed:
+    paid = gpu_state.took_owed()  # a whole cluster's rows written at once, like a first list's
+    if refreshed and (grown or paid):
         statistics.analyze(gpu_state.READ_MODEL)  # after commit: two batches never wait on each other here
     return result
 
@@ -182,7 +183,8 @@ def replace_all(
                 relisted=relisted,
             )
         events.publish_on_commit(cluster, result)
-    if grown and refreshed:
+    paid = gpu_state.took_owed()
+    if refreshed and (grown or paid):
         statistics.analyze(gpu_state.READ_MODEL)
     return result
 

@@ -219,6 +219,7 @@ def refresh(
     # migrations' rebuild runs before the table of versions and debts exists.
     if version and _owed(cluster_id):
         pools, held, retaint = None, None, True
+        _paid.set(True)
     if held is not None and pools is not None:
         # No re-taint: who holds a device changes none of its attributes, which the rules select on.
         return _refresh_units(cluster_id, sorted(set(pools)), held, version)
@@ -347,6 +348,19 @@ REFRESH_DEVICES = 120_000
 
 
 # Cluster id -> the pools to recompute at the end of the enclosing :func:`one_refresh` (None: all of them).
+# Set when a recompute paid what a first list owed (the whole cluster, from no rows): the ingest call that
+# made it analyzes the read model after its commit (took_owed), as a first list's does; else the planner
+# takes the ~100,000 new rows of an L cluster for none until autovacuum's next round.
+_paid: ContextVar[bool] = ContextVar("read_model_paid", default=False)
+
+
+def took_owed() -> bool:
+    """Whether a recompute of this thread paid an owed whole-cluster recompute since the last call."""
+    paid = _paid.get()
+    _paid.set(False)
+    return paid
+
+
 _deferred: ContextVar[dict[int, set[str] | None] | None] = ContextVar("read_model_deferred", default=None)
 
 
@@ -410,7 +424,10 @@ def settle(cluster_id: int) -> bool:
     """:func:`pay_owed` in a transaction of its own: for a stream whose list failed, which the debt may
     have counted on (once its state no longer says it is listing)."""
     with transaction.atomic():
-        return pay_owed(cluster_id)
+        paid = pay_owed(cluster_id)
+    if took_owed():
+        statistics.analyze(READ_MODEL)
+    return paid
 
 
 @contextmanager
@@ -437,6 +454,7 @@ def one_refresh() -> Iterator[None]:
             pools = None  # most of the cluster: one read of all of it beats a filter naming every pool
         written = refresh(cluster_id, pools)
         statistics.analyze_if_grown(GpuState, written, READ_MODEL)
+    took_owed()  # what the recomputes wrote decided above
 
 
 def _pool_count(cluster_id: int) -> int:

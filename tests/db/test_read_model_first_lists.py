@@ -97,6 +97,34 @@ def test_the_next_batch_of_any_pool_pays_an_owed_recompute(cluster, recomputes):
     assert_read_model_is_current(cluster.pk)
 
 
+@pytest.fixture
+def analyzed(monkeypatch) -> list[str]:
+    """The ANALYZEs of the read model, by the ingest call that asked for them."""
+    seen: list[str] = []
+    analyze = ingest.statistics.analyze
+
+    def recorded(tables: Any) -> None:
+        tables = list(tables)
+        if tables == list(gpu_state.READ_MODEL):
+            seen.append("read model")
+        analyze(tables)
+
+    monkeypatch.setattr(ingest.statistics, "analyze", recorded)
+    return seen
+
+
+def test_a_watch_batch_that_pays_an_owed_recompute_analyzes_the_read_model(cluster, analyzed):
+    # The batch writes one claim, too few to analyze for; the recompute it pays writes every pool's rows.
+    listing(cluster, "ResourceClaim")
+    ingest.replace_all(cluster, "ResourceSlice", slices(), 2)
+    assert owed(cluster) and analyzed == []
+    ingest.apply_batch(cluster, "ResourceClaim", upserts(claim_record("c1", 3, [("n1", "gpu-0")])))
+    assert analyzed == ["read model"]
+    # Paid once: the next batch analyzes nothing.
+    ingest.apply_batch(cluster, "ResourceClaim", upserts(claim_record("c2", 4, [("n2", "gpu-1")])))
+    assert analyzed == ["read model"]
+
+
 class ForbiddenList:
     """A source whose list of every kind is refused."""
 
@@ -107,7 +135,7 @@ class ForbiddenList:
         raise AssertionError("never watched: the list failed")
 
 
-def test_a_stream_whose_first_list_fails_pays_the_recompute_it_was_left(cluster):
+def test_a_stream_whose_first_list_fails_pays_the_recompute_it_was_left(cluster, analyzed):
     reflector = Reflector(cluster, "ResourceClaim", ForbiddenList(), StreamConfig(forbidden_retry=0.01))
     listing(cluster, "ResourceClaim")  # what the reflector records before it lists
     ingest.replace_all(cluster, "ResourceSlice", slices(), 2)
@@ -115,21 +143,24 @@ def test_a_stream_whose_first_list_fails_pays_the_recompute_it_was_left(cluster)
     result = reflector.round(threading.Event())
     assert result.outcome == "forbidden"
     assert not owed(cluster)
+    assert analyzed == ["read model"], "the recompute it paid is analyzed"
     assert GpuState.objects.filter(cluster=cluster).count() == 4
     assert_read_model_is_current(cluster.pk)
 
 
 @pytest.mark.parametrize("claims_list", ["first and empty", "a relist that changed nothing"])
-def test_a_list_that_writes_nothing_still_pays_what_it_was_left(cluster, claims_list):
+def test_a_list_that_writes_nothing_still_pays_what_it_was_left(cluster, claims_list, analyzed):
     if claims_list == "a relist that changed nothing":
         ingest.replace_all(cluster, "ResourceClaim", claims(), 4)  # stored; its relist (below) is not fresh
     listing(cluster, "ResourceClaim")
     ingest.replace_all(cluster, "ResourceSlice", slices(), 2)
     assert owed(cluster) and not GpuState.objects.filter(cluster=cluster).exists()
     again = [] if claims_list == "first and empty" else claims()
+    analyzed.clear()
     result = ingest.replace_all(cluster, "ResourceClaim", again, 5)
     assert not result.changed
     assert not owed(cluster)
+    assert analyzed == ["read model"], "the recompute it paid is analyzed"
     assert GpuState.objects.filter(cluster=cluster).count() == 4
     assert_read_model_is_current(cluster.pk)
 
