@@ -296,7 +296,8 @@ class Context:
             problems = self.pool_problem
             for i in batch:
                 held = holders.get(i.key)
-                in_use = held and shares_of(i, held) is None
+                # shares_of is None for every held device that allows no sharing (most): not called for it
+                in_use = held and (not i.device.get("allowMultipleAllocations") or shares_of(i, held) is None)
                 if in_use or (problems and (i.key[0], i.key[1]) in problems):
                     skipped.append(i)
                 else:
