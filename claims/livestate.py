@@ -232,12 +232,12 @@ class LiveFleet:
             else:
                 keys.insert(i, at)
                 ordered.insert(i, new)
-        self._relink(kind, old, new)
         if kind == "ResourceClaim":
             if new is not None and is_allocated(new):
                 self.allocated_claims[key] = new
             else:
                 self.allocated_claims.pop(key, None)
+        self._relink(kind, old, new)
         return old
 
     def _relink(self, kind: str, old: Obj | None, new: Obj | None) -> None:

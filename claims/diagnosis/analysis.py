@@ -78,8 +78,9 @@ def analyze(ctx: Context, req: Req, nodes: set[str] | None) -> Analysis:
     shared = all(not s.opaque and not (s.references & high) for s in (*req.class_selectors, *req.selectors))
     idle: list[list[DeviceInfo]] = []
     # Which part of a signature group a batch is, for the per-state caches of summaries and splits: the
-    # whole group (None), the devices on the pod's nodes, or the devices split off as skipped. Two pods'
-    # node sets can leave parts of one group of the same size, first and last device.
+    # whole group (None), the devices on the pod's nodes, or the devices split off as skipped from either
+    # (when some remain). Two pods' node sets can leave parts of one group of the same size, first and
+    # last device.
     on_nodes = frozenset(nodes) if nodes is not None else None
     for members in state.signature_groups():
         part: Part = None

@@ -21,7 +21,8 @@ from fleet.quantity import parse_quantity
 log = logging.getLogger(__name__)
 
 # Which part of a signature group a batch of devices is (analysis.analyze): None for the whole group,
-# else the node set it was cut to, tagged "skipped" for the devices split off as skipped.
+# else the node set it was cut to, tagged "skipped" for the devices split off as skipped from it (unless
+# all of it is: then it is the part itself).
 Part = frozenset[str] | tuple[str, object] | None
 SummaryKey = tuple[int, int, DeviceKey, DeviceKey, str, Part]
 

@@ -39,6 +39,7 @@ def apply_batch(
         last[spec.key_of(change.record)] = change
     upserts = [c.record for c in last.values() if c.op == "upsert"]
     deletes = [c.record for c in last.values() if c.op == "delete"]
+    gpu_state.took_owed()  # a payment an earlier call rolled back is not this one's
     with transaction.atomic():
         locks.stream_lock(cluster, kind, exclusive=False)
         result = BatchResult(kind)
@@ -69,8 +70,9 @@ def apply_batch(
         if cursor:
             cursors.save_cursor(cluster, kind, cursor, forward_only=True)
         events.publish_on_commit(cluster, result)
-    paid = gpu_state.took_owed()  # a whole cluster's rows written at once, like a first list's
-    if refreshed and (grown or paid):
+    # A whole cluster's rows written at once, like a first list's: whatever wrote them (a rule's hook too)
+    paid = gpu_state.took_owed()
+    if paid or (refreshed and grown):
         statistics.analyze(gpu_state.READ_MODEL)  # after commit: two batches never wait on each other here
     return result
 
@@ -91,6 +93,7 @@ def replace_all(
     transaction: the relist is applied whole or not at all."""
     spec = SPECS[kind]
     observed_at = observed_at or timezone.now()
+    gpu_state.took_owed()
     with transaction.atomic():
         fresh = locks.lock_if_fresh(
             cluster, kind, spec
@@ -184,7 +187,7 @@ def replace_all(
             )
         events.publish_on_commit(cluster, result)
     paid = gpu_state.took_owed()
-    if refreshed and (grown or paid):
+    if paid or (refreshed and grown):
         statistics.analyze(gpu_state.READ_MODEL)
     return result
 

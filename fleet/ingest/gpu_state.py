@@ -347,7 +347,6 @@ def _pool_batches(cluster_id: int) -> list[list[str] | None]:
 REFRESH_DEVICES = 120_000
 
 
-# Cluster id -> the pools to recompute at the end of the enclosing :func:`one_refresh` (None: all of them).
 # Set when a recompute paid what a first list owed (the whole cluster, from no rows): the ingest call that
 # made it analyzes the read model after its commit (took_owed), as a first list's does; else the planner
 # takes the ~100,000 new rows of an L cluster for none until autovacuum's next round.
@@ -355,12 +354,14 @@ _paid: ContextVar[bool] = ContextVar("read_model_paid", default=False)
 
 
 def took_owed() -> bool:
-    """Whether a recompute of this thread paid an owed whole-cluster recompute since the last call."""
+    """Whether a recompute of this thread paid an owed whole-cluster recompute since the last call. An
+    ingest call asks once before its transaction (a rolled-back payment is not its own) and once after."""
     paid = _paid.get()
     _paid.set(False)
     return paid
 
 
+# Cluster id -> the pools to recompute at the end of the enclosing :func:`one_refresh` (None: all of them).
 _deferred: ContextVar[dict[int, set[str] | None] | None] = ContextVar("read_model_deferred", default=None)
 
 
@@ -423,6 +424,7 @@ def pay_owed(cluster_id: int) -> bool:
 def settle(cluster_id: int) -> bool:
     """:func:`pay_owed` in a transaction of its own: for a stream whose list failed, which the debt may
     have counted on (once its state no longer says it is listing)."""
+    took_owed()  # what an earlier call left set, were it rolled back, is not this one's
     with transaction.atomic():
         paid = pay_owed(cluster_id)
     if took_owed():

@@ -15,7 +15,7 @@ from fleet.ingest import gpu_state
 from fleet.kube.reflector import Reflector, StreamConfig
 from fleet.kube.source import Forbidden
 from fleet.models import GpuState, ReadModelVersion
-from tests.db.test_ingest import claim_record, slice_record, upserts
+from tests.db.test_ingest import claim_record, node, slice_record, upserts
 from tests.fleet_pages.test_gpu_state import assert_read_model_is_current, stored_rows
 
 pytestmark = pytest.mark.django_db
@@ -123,6 +123,44 @@ def test_a_watch_batch_that_pays_an_owed_recompute_analyzes_the_read_model(clust
     # Paid once: the next batch analyzes nothing.
     ingest.apply_batch(cluster, "ResourceClaim", upserts(claim_record("c2", 4, [("n2", "gpu-1")])))
     assert analyzed == ["read model"]
+
+
+def test_a_device_taint_rule_batch_that_pays_an_owed_recompute_analyzes_the_read_model(cluster, analyzed):
+    # The rule's hook recomputes the pools it taints, which the debt turns into the whole cluster; the kind
+    # itself derives no read-model rows.
+    from fleet.normalize import normalize
+    from simulator import nvidia
+
+    listing(cluster, "ResourceClaim")
+    ingest.replace_all(cluster, "ResourceSlice", slices(), 2)
+    assert owed(cluster) and analyzed == []
+    rule = nvidia.device_taint_rule("drain-n1", {"key": "maintenance", "effect": "NoSchedule"}, pool="n1")
+    rule["metadata"]["resourceVersion"] = "3"
+    ingest.apply_batch(cluster, "DeviceTaintRule", upserts(normalize("DeviceTaintRule", rule)))
+    assert not owed(cluster)
+    assert GpuState.objects.filter(cluster=cluster).count() == 4
+    assert analyzed == ["read model"]
+
+
+def test_a_payment_rolled_back_is_not_the_next_calls(cluster, analyzed, monkeypatch):
+    listing(cluster, "ResourceClaim")
+    ingest.replace_all(cluster, "ResourceSlice", slices(), 2)
+    refresh = gpu_state.refresh
+
+    def failing(cluster_id: int, pools: Any = None, **kwargs: Any) -> int:
+        refresh(cluster_id, pools, **kwargs)
+        raise RuntimeError("the batch fails after its recompute")
+
+    monkeypatch.setattr(gpu_state, "refresh", failing)
+    with pytest.raises(RuntimeError):
+        ingest.apply_batch(cluster, "ResourceClaim", upserts(claim_record("c1", 3, [("n1", "gpu-0")])))
+    monkeypatch.setattr(gpu_state, "refresh", refresh)
+    assert owed(cluster), "rolled back with its batch"
+    # A batch that recomputes nothing (a node's) paid nothing: the failed batch's mark is not its own.
+    ingest.apply_batch(cluster, "Node", upserts(node("n1", 5)))
+    assert analyzed == []
+    ingest.apply_batch(cluster, "ResourceSlice", upserts(slice_record("n1", 6, gpus=2)))
+    assert analyzed == ["read model"], "the next batch pays the debt, rolled back, and is analyzed"
 
 
 class ForbiddenList:

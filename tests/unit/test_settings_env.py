@@ -33,6 +33,7 @@ def start(**env):
         ),
         ({"DJANGO_DEBUG": "maybe"}, "DJANGO_DEBUG"),
         ({"WEB_CONCURRENCY": "2"}, "WEB_CONCURRENCY"),  # several web processes need Redis between them
+        ({"CLAIMSCOPE_WATCH_FLUSH_MS": "0"}, "CLAIMSCOPE_WATCH_FLUSH_MS"),  # a window of nothing
     ],
 )
 def test_a_bad_value_stops_start_up_naming_the_variable(env, needle, tmp_path):
