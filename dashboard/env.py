@@ -41,7 +41,14 @@ def env_bool(name: str, default: bool = False, env: Mapping[str, str] | None = N
     raise ConfigError(name, raw, "one of 1/0, true/false, yes/no, on/off")
 
 
-def env_int(name: str, default: int, minimum: int | None = None, env: Mapping[str, str] | None = None) -> int:
+def env_int(
+    name: str,
+    default: int,
+    minimum: int | None = None,
+    env: Mapping[str, str] | None = None,
+    *,
+    maximum: int | None = None,
+) -> int:
     raw = (env if env is not None else os.environ).get(name)
     if raw is None or raw.strip() == "":
         return default
@@ -49,8 +56,12 @@ def env_int(name: str, default: int, minimum: int | None = None, env: Mapping[st
         value = int(raw)
     except ValueError:
         raise ConfigError(name, raw, "an integer") from None
+    if minimum is not None and maximum is not None and not minimum <= value <= maximum:
+        raise ConfigError(name, raw, f"an integer from {minimum} to {maximum}")
     if minimum is not None and value < minimum:
         raise ConfigError(name, raw, f"an integer >= {minimum}")
+    if maximum is not None and value > maximum:
+        raise ConfigError(name, raw, f"an integer <= {maximum}")
     return value
 
 

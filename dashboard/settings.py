@@ -182,7 +182,8 @@ CLAIMSCOPE_WATCH_FORBIDDEN_RETRY = env_int("CLAIMSCOPE_WATCH_FORBIDDEN_RETRY", 3
 CLAIMSCOPE_WATCH_BACKOFF_MAX = env_int("CLAIMSCOPE_WATCH_BACKOFF_MAX", 30, minimum=1)
 # How long a stream gathers watch events into one batch after the first: each batch is a transaction, a
 # change event and a read-model refresh, so a shorter window trades CPU for latency (docs/watchers.md).
-CLAIMSCOPE_WATCH_FLUSH_MS = env_int("CLAIMSCOPE_WATCH_FLUSH_MS", 250, minimum=1)
+# Up to 10 s: a longer window only delays every change (a batch also closes at 500 events).
+CLAIMSCOPE_WATCH_FLUSH_MS = env_int("CLAIMSCOPE_WATCH_FLUSH_MS", 250, minimum=1, maximum=10_000)
 # A file a worker's consumer touches every 10 s while it consumes (dashboard/celery.py), for a liveness
 # probe that fails when the consumer is dead but the process is not. Empty: none.
 CLAIMSCOPE_WORKER_ALIVE_FILE = env_str("CLAIMSCOPE_WORKER_ALIVE_FILE", "")

@@ -34,6 +34,7 @@ def start(**env):
         ({"DJANGO_DEBUG": "maybe"}, "DJANGO_DEBUG"),
         ({"WEB_CONCURRENCY": "2"}, "WEB_CONCURRENCY"),  # several web processes need Redis between them
         ({"CLAIMSCOPE_WATCH_FLUSH_MS": "0"}, "CLAIMSCOPE_WATCH_FLUSH_MS"),  # a window of nothing
+        ({"CLAIMSCOPE_WATCH_FLUSH_MS": "250000"}, "CLAIMSCOPE_WATCH_FLUSH_MS"),  # four minutes, not 250 ms
     ],
 )
 def test_a_bad_value_stops_start_up_naming_the_variable(env, needle, tmp_path):
@@ -54,6 +55,11 @@ def test_readers():
     assert env_int("N", 3, env={"N": "7"}) == 7
     with pytest.raises(ConfigError, match="N='x' is invalid: expected an integer"):
         env_int("N", 3, env={"N": "x"})
+    assert env_int("N", 3, 1, {"N": "10"}, maximum=10) == 10
+    with pytest.raises(ConfigError, match="N='11' is invalid: expected an integer from 1 to 10"):
+        env_int("N", 3, 1, {"N": "11"}, maximum=10)
+    with pytest.raises(ConfigError, match="expected an integer <= 10"):
+        env_int("N", 3, env={"N": "11"}, maximum=10)
     with pytest.raises(ConfigError, match=r"\*\*\*"):
         env_url("DATABASE_URL", ("postgres",), env={"DATABASE_URL": "mysql://u:secret@h/db"})
     assert env_url("R", ("redis",), env={"R": "redis://h:1/0"}) == "redis://h:1/0"
