@@ -56,12 +56,11 @@ def env_int(
         value = int(raw)
     except ValueError:
         raise ConfigError(name, raw, "an integer") from None
-    if minimum is not None and maximum is not None and not minimum <= value <= maximum:
-        raise ConfigError(name, raw, f"an integer from {minimum} to {maximum}")
-    if minimum is not None and value < minimum:
-        raise ConfigError(name, raw, f"an integer >= {minimum}")
-    if maximum is not None and value > maximum:
-        raise ConfigError(name, raw, f"an integer <= {maximum}")
+    below = minimum is not None and value < minimum
+    if below or (maximum is not None and value > maximum):
+        if minimum is not None and maximum is not None:
+            raise ConfigError(name, raw, f"an integer from {minimum} to {maximum}")
+        raise ConfigError(name, raw, f"an integer >= {minimum}" if below else f"an integer <= {maximum}")
     return value
 
 
