@@ -145,6 +145,19 @@ class _ByAge:
         return HoldersByAge(list(self.claims), list(self.free))
 
 
+class _Added(dict[Any, Any]):
+    """The values a read brings that ``kept`` lacks, sharing ``kept``'s: ``setdefault`` (all that
+    ``fleetstate``'s sharing calls) finds a value in ``kept`` first, and enters a new one here only."""
+
+    def __init__(self, kept: dict[Any, Any]) -> None:
+        super().__init__()
+        self.kept = kept
+
+    def setdefault(self, key: Any, default: Any = None) -> Any:
+        found = self.kept.get(key)
+        return super().setdefault(key, default) if found is None else found
+
+
 @dataclass
 class LiveFleet:
     """The lean objects of one cluster by kind and key."""
@@ -261,6 +274,17 @@ class LiveFleet:
                 _link(index, key, new)
 
     def _read(self, kind: str, keys: list[Key]) -> dict[Key, Obj]:
+        """The stored objects of ``keys`` (those still stored), lean, sharing what the fleet shares. Of
+        the values they bring that ``shared`` lacks, only those two objects hold stay (as after a load):
+        a changed slice's serials and UUIDs, kept as entries, would grow ``shared`` by every value the
+        churn ever republished until the next full recompute (+60 MB at L for one rewrite of every
+        slice)."""
+        new = _Added(self.shared)
+        out = self._read_into(kind, keys, new)
+        self.shared.update(shared_more_than_once(new))
+        return out
+
+    def _read_into(self, kind: str, keys: list[Key], shared: dict[Any, Any]) -> dict[Key, Obj]:
         model = _models()[kind]
         namespaced = any(f.name == "namespace" for f in model._meta.fields)
         wanted = set(keys)
@@ -270,7 +294,7 @@ class LiveFleet:
         for start in range(0, len(keys), FETCH_KEYS):
             chunk = keys[start : start + FETCH_KEYS]
             for where, params in key_clauses(columns, [k if namespaced else k[1:] for k in chunk]):
-                for obj in _stored(kind, stored.extra(where=[where], params=params), self.shared):
+                for obj in _stored(kind, stored.extra(where=[where], params=params), shared):
                     key = key_of(obj)
                     if key in wanted:
                         out[key] = obj
@@ -297,6 +321,7 @@ class LiveFleet:
         order); returns what they reached."""
         reach = Reach()
         written: dict[str, set[Key]] = {}
+        reloaded = False
         for event in events:
             kind = str(event.get("kind", ""))
             # A relist's event names its keys when few (fleet.ingest.events): then it is applied key by
@@ -304,6 +329,7 @@ class LiveFleet:
             whole = event.get("resync") and not isinstance(event.get("written"), list)
             if event.get("imported") or (kind in READ and whole):
                 reach.everything = True
+                reloaded = True
                 for k in [kind] if kind in READ else READ:
                     self._reload(k)
                     written.pop(k, None)
@@ -312,6 +338,8 @@ class LiveFleet:
                 continue
             keys = written.setdefault(kind, set())
             keys.update(parse_key(k) for k in [*event.get("written", []), *event.get("deleted", [])])
+        if reloaded:  # what only the objects reloaded held goes with them, as after a load
+            self.shared = shared_more_than_once(self.shared)
         for kind, keys in written.items():
             if not keys:
                 continue

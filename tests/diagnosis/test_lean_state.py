@@ -20,7 +20,7 @@ from claims import fleetstate, tasks
 from claims.diagnosis import diagnose, diagnose_name
 from claims.fleetstate import FleetState, decode_json, lean_object, share_values, shared_more_than_once
 from claims.livestate import LiveFleet
-from fleet.models import ResourceClaim
+from fleet.models import ResourceClaim, ResourceSlice
 
 FLEET = Path(__file__).resolve().parents[1] / "fixtures" / "fleet-small.yaml"
 
@@ -251,6 +251,49 @@ def test_only_values_held_twice_stay_shared_for_the_changes_to_come(imported: No
         for obj in table.values():
             share_values(obj, everything)
     assert len(live.shared) < len(everything)
+
+
+def test_changed_rows_keep_only_their_values_held_twice_as_a_load_does(imported: None) -> None:
+    # An update reads its changed rows back through the fleet's shared values. The values they alone
+    # hold (a republished slice's UUIDs and serials) must not stay as entries: under churn they would
+    # grow the worker until the next full recompute.
+    live = LiveFleet.load("fixtures")
+    kept = dict(live.shared)
+    names = sorted(name for _, name in live.objects["ResourceSlice"])
+    assert len(names) > 1
+    before = {k: v for k, v in live.objects["ResourceSlice"].items()}
+    live.apply([{"kind": "ResourceSlice", "written": names}])  # every slice read back, unchanged
+    after = live.objects["ResourceSlice"]
+    assert after == before and all(after[k] is not before[k] for k in before)  # fresh objects
+    assert live.shared.keys() == kept.keys()
+    # ... and they hold the kept values, not copies: a value two devices share is one object again.
+    held = {id(v) for v in kept.values()}
+    assert any(
+        id(device.get("attributes")) in held or id(device.get("capacity")) in held
+        for obj in after.values()
+        for device in obj["spec"].get("devices") or []
+    )
+    # A value new to the fleet that two changed devices hold stays shared for the changes to come.
+    row = ResourceSlice.objects.get(cluster__name="fixtures", name=names[0])
+    raw = row.raw
+    devices = raw["spec"]["devices"]
+    assert len(devices) > 1
+    for device in devices[:2]:
+        device["attributes"] = {**device.get("attributes", {}), "rack": {"string": "new-rack-7"}}
+    row.raw = raw
+    row.save(update_fields=["raw"])
+    live.apply([{"kind": "ResourceSlice", "written": [names[0]]}])
+    new_keys = live.shared.keys() - kept.keys()
+    assert ("string", str, "new-rack-7") in new_keys
+    first, second = live.objects["ResourceSlice"][("", names[0])]["spec"]["devices"][:2]
+    assert first["attributes"]["rack"] is second["attributes"]["rack"]
+
+
+def test_a_relist_read_whole_keeps_only_values_held_twice(imported: None) -> None:
+    live = LiveFleet.load("fixtures")
+    kept = set(live.shared)
+    live.apply([{"kind": "ResourceSlice", "resync": True}])  # a relist too large to name its keys
+    assert live.shared.keys() == kept
 
 
 def test_the_context_reads_the_counters_of_a_pools_newest_generation_only() -> None:
