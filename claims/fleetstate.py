@@ -20,6 +20,7 @@ import orjson
 from claims.allocator import FleetSnapshot
 from claims.allocator.baseline import Allocated
 from claims.devicerows import DeviceInfo, DeviceKey, DeviceRows, Devices, Published
+from claims.keyshared import keyshared
 from fleet.normalize import object_as_v1
 from fleet.snapshot import read_files
 from fleet.taint_rules import patch_slices, rules_of
@@ -467,15 +468,18 @@ def lean_object(obj: Obj, shared: dict[Any, Any]) -> Obj:
     are kept whole."""
     kind = obj.get("kind")
     if kind == "ResourceSlice":
-        obj["metadata"] = _pick(obj.get("metadata"), _META)
+        obj["metadata"] = _compact(_pick(obj.get("metadata"), _META))
         spec = obj.get("spec") or {}
-        for device in spec.get("devices") or []:
+        devices = spec.get("devices")
+        for device in devices or []:
             if isinstance(device, dict):
                 # Device names repeat on every node of a model (gpu-0-mig-1g10gb-3-0): 60 MB at XL.
                 _intern(device, "name")
                 for part in _DEVICE_SHARED:
                     if part in device:
                         device[part] = _share_named(device[part], shared)
+        if isinstance(devices, list):  # a million at XL, of a few layouts
+            spec["devices"] = [keyshared(d) if isinstance(d, dict) else d for d in devices]
         if isinstance(spec.get("sharedCounters"), list):
             # A model's counter sets are the same on every node (15 counters per dynamic-MIG GPU, 8 GPUs
             # a node: 184 MB of the loaded XL fleet): one list, which the diagnosis context also parses once.
@@ -495,9 +499,13 @@ def lean_object(obj: Obj, shared: dict[Any, Any]) -> Obj:
                 if key in spec:
                     spec[key] = share_values(spec[key], shared)
             _intern(spec, "nodeName")
+            lean["spec"] = keyshared(spec)  # its parts are shared above
         _intern(status, "phase")
         _intern(lean.get("metadata"), "namespace")
-        return lean
+        for part in ("metadata", "status"):
+            if part in lean:
+                lean[part] = _compact(lean[part])
+        return keyshared(lean)
     if kind == "ResourceClaim":
         status = obj.get("status")
         if not (isinstance(status, dict) and status.get("allocation")):
@@ -509,7 +517,7 @@ def lean_object(obj: Obj, shared: dict[Any, Any]) -> Obj:
                 _intern(result, key)
         meta = _pick(obj.get("metadata"), _META)
         _intern(meta, "namespace")
-        return {"kind": kind, "metadata": meta, "status": lean_status}
+        return _compact({"kind": kind, "metadata": meta, "status": lean_status})
     if kind == "Node":
         obj["metadata"] = _pick(obj.get("metadata"), _NODE_META)
         return {k: v for k, v in obj.items() if k in _NODE_TOP}
@@ -520,6 +528,15 @@ def lean_object(obj: Obj, shared: dict[Any, Any]) -> Obj:
 _POD_SHARED_SPEC = ("containers", "initContainers", "resourceClaims", "nodeSelector")
 # Of an allocation result: names that repeat across claims (the driver, a node's pool, device names).
 _RESULT_NAMES = ("driver", "pool", "device", "request")
+
+
+def _compact(value: Any) -> Any:
+    """``value`` with its dicts, innermost first, made :func:`keyshared` (lists rebuilt with them)."""
+    if isinstance(value, dict):
+        return keyshared({k: _compact(v) for k, v in value.items()})
+    if isinstance(value, list):
+        return [_compact(v) for v in value]
+    return value
 
 
 def _intern(obj: Any, key: str) -> None:
@@ -542,10 +559,16 @@ def _share_named(values: Any, shared: dict[Any, Any]) -> Any:
         if type(value) is dict and len(value) == 1:
             ((k, v),) = value.items()
             if type(v) in _PLAIN:
-                out[name] = shared.setdefault((k, type(v), v), value)
+                key = (k, type(v), v)
+                found = shared.get(key)
+                if found is None:  # most are found: a device's own UUID is the one new value
+                    found = shared[key] = keyshared(value)
+                out[name] = found
                 continue
         out[name], one = _shared(value, shared)
         whole = whole and one
+    # Most attribute dicts are unique (a UUID each): compact even when an equal one is then found.
+    out = keyshared(out)
     if not whole:
         return out
     return shared.setdefault(("{}", *_flat(out)), out)
@@ -575,7 +598,7 @@ def _shared(value: Any, shared: dict[Any, Any]) -> tuple[Any, bool]:
         return shared.setdefault(("[]", *(_ref(v) for v in items)), items), True
     if isinstance(value, dict):
         parts_of = {k: _shared(v, shared) for k, v in value.items()}
-        out = {k: v for k, (v, _) in parts_of.items()}
+        out = keyshared({k: v for k, (v, _) in parts_of.items()})
         if not all(one for _, one in parts_of.values()):
             return out, False
         if not any(isinstance(v, dict | list) for v in out.values()):

@@ -146,12 +146,17 @@ class _ByAge:
 
 
 class _Added(dict[Any, Any]):
-    """The values a read brings that ``kept`` lacks, sharing ``kept``'s: ``setdefault`` (all that
-    ``fleetstate``'s sharing calls) finds a value in ``kept`` first, and enters a new one here only."""
+    """The values a read brings that ``kept`` lacks, sharing ``kept``'s: ``get`` and ``setdefault`` (what
+    ``fleetstate``'s sharing calls, besides entering a new value) find a value in ``kept`` first, and a
+    new one is entered here only. No value is None."""
 
     def __init__(self, kept: dict[Any, Any]) -> None:
         super().__init__()
         self.kept = kept
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        found = self.kept.get(key)
+        return super().get(key, default) if found is None else found
 
     def setdefault(self, key: Any, default: Any = None) -> Any:
         found = self.kept.get(key)
