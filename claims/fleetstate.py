@@ -453,6 +453,7 @@ _CONTAINER = frozenset({"name", "resources", "restartPolicy"})
 # ``devices``: the per-device conditions binding conditions wait for (claims.diagnosis.binding).
 _CLAIM_STATUS = frozenset({"allocation", "reservedFor", "devices"})
 _ALLOCATION = frozenset({"devices"})
+_ALLOCATED_DEVICES = frozenset({"results"})
 _NODE_META = frozenset({"name", "labels"})
 _NODE_TOP = frozenset({"kind", "metadata", "spec"})
 # Parts of a published device whose values repeat across the fleet (product names, capacities, counters).
@@ -489,6 +490,12 @@ def lean_object(obj: Obj, shared: dict[Any, Any]) -> Obj:
         parts = {"metadata": _META, "spec": _POD_SPEC, "status": _POD_STATUS}
         lean = {k: _pick(v, parts[k]) if k in parts else v for k, v in obj.items() if k in _LEAN_TOP}
         spec, status = lean.get("spec"), lean.get("status")
+        if isinstance(status, dict) and isinstance(status.get("conditions"), list):
+            # The scheduler's message is all the diagnosis reads of them (placement.scheduled_message);
+            # a running pod has four or five more.
+            status["conditions"] = [
+                c for c in status["conditions"] if not isinstance(c, dict) or c.get("type") == "PodScheduled"
+            ]
         if isinstance(spec, dict):
             for key in ("containers", "initContainers"):
                 if isinstance(spec.get(key), list):
@@ -511,7 +518,9 @@ def lean_object(obj: Obj, shared: dict[Any, Any]) -> Obj:
         if not (isinstance(status, dict) and status.get("allocation")):
             return obj  # pending claims are few and may be diagnosed from here: keep them whole
         lean_status = _pick(status, _CLAIM_STATUS)
-        lean_status["allocation"] = _pick(status["allocation"], _ALLOCATION)
+        allocation = lean_status["allocation"] = _pick(status["allocation"], _ALLOCATION)
+        if isinstance(allocation, dict):  # its config is the driver's, read by no diagnosis
+            allocation["devices"] = _pick(allocation.get("devices"), _ALLOCATED_DEVICES)
         for result in claim_results(obj):
             for key in _RESULT_NAMES:
                 _intern(result, key)

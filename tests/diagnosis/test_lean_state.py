@@ -195,6 +195,11 @@ def test_lean_pods_and_claims_share_what_their_workload_repeats() -> None:
             },
             "status": {
                 "phase": "Running",
+                "conditions": [
+                    {"type": "Initialized", "status": "True"},
+                    {"type": "PodScheduled", "status": "True"},
+                    {"type": "Ready", "status": "True"},
+                ],
                 "resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": f"c{i}"}],
             },
         }
@@ -205,7 +210,14 @@ def test_lean_pods_and_claims_share_what_their_workload_repeats() -> None:
             "kind": "ResourceClaim",
             "metadata": {"name": f"c{i}", "namespace": "ml", "uid": f"cu{i}"},
             "spec": {"devices": {"requests": [{"name": "gpu"}]}},
-            "status": {"allocation": {"devices": {"results": [result]}}},
+            "status": {
+                "allocation": {
+                    "devices": {
+                        "results": [result],
+                        "config": [{"source": "FromClaim", "opaque": {"driver": "gpu.nvidia.com"}}],
+                    }
+                }
+            },
         }
 
     # Decoded from JSON, as stored objects are: equal strings are separate objects until made one.
@@ -218,6 +230,9 @@ def test_lean_pods_and_claims_share_what_their_workload_repeats() -> None:
     assert a["status"]["resourceClaimStatuses"] != b["status"]["resourceClaimStatuses"]
     assert a["spec"]["containers"] == [{"name": "main", "resources": {"claims": [{"name": "gpu"}]}}]
     assert a["metadata"] == {"name": "job-0", "namespace": "ml", "uid": "u0"}
+    # Of the conditions, the scheduler's (its message); of the allocation, the results, not the config.
+    assert a["status"]["conditions"] == [{"type": "PodScheduled", "status": "True"}]
+    assert all(set(c["status"]["allocation"]["devices"]) == {"results"} for c in claims)
     first, second = (c["status"]["allocation"]["devices"]["results"][0] for c in claims)
     assert first["pool"] is second["pool"] and first["driver"] is second["driver"]
     assert first == {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "node-1", "device": "gpu-0"}
