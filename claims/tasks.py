@@ -530,14 +530,18 @@ def _update(cluster: str, now: str | None) -> dict[str, int]:
     if live is not None and not Cluster.objects.filter(name=cluster, pk=live.fleet.cluster_id).exists():
         forget(cluster)  # the cluster was dropped (and maybe added again): its fleet is another one
         live = None
-    if live is None or live.footprint is None:
+    # A recompute loads the fleet again: this frame must not hold the one it replaces meanwhile (two
+    # fleets at once, +1.4 GB at XL).
+    before = live.footprint if live is not None else None
+    if live is None or before is None:
+        live = None
         return {**_recompute(cluster, now), "full": 1}
     try:
         events, position = changelog.read(cluster, live.position)
     except changelog.Gap:
         log.warning("update_diagnoses: change events of %s were dropped; recomputing all", cluster)
+        live = None
         return {**_recompute(cluster, now), "full": 1}
-    before = live.footprint
     try:
         reach = live.fleet.apply(events)
         live.position = position

@@ -494,6 +494,57 @@ def from_db_spy(monkeypatch: pytest.MonkeyPatch) -> list[tuple[weakref.ref[Any],
     return seen
 
 
+def test_an_update_that_recomputes_lets_the_fleet_it_replaces_go_before_loading(
+    imported: None, collector_off: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # After a failed update (no footprint) the next one recomputes: loading the new fleet while the
+    # old one is still held would be two fleets at once (+1.4 GB at XL).
+    tasks.forget()
+    assert tasks.recompute_diagnoses("fixtures")
+    old = weakref.ref(tasks._live["fixtures"].fleet)
+    tasks._live["fixtures"].footprint = None
+    alive_at_load: list[bool] = []
+    original = LiveFleet.load.__func__  # type: ignore[attr-defined]
+
+    def spy(cls: type[LiveFleet], cluster: str) -> LiveFleet:
+        alive_at_load.append(old() is not None)
+        return original(cls, cluster)
+
+    monkeypatch.setattr(LiveFleet, "load", classmethod(spy))
+    assert tasks.update_diagnoses("fixtures").get("full") == 1
+    tasks.forget()
+    assert alive_at_load == [False]
+
+
+def test_a_relist_read_whole_lets_the_kinds_old_objects_go_before_reading_it(
+    imported: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Held by the fleet's table, its device rows and the allocator's sums, the old slices would stay
+    # while the new ones are read: the kind twice (+0.6 GB at XL).
+    from claims import livestate
+
+    tasks.forget()
+    assert tasks.recompute_diagnoses("fixtures")  # a state built: rows and sums hold the slices
+    live = tasks._live["fixtures"].fleet
+    old_slices = list(live.objects["ResourceSlice"].values())
+    old_claims = [c for c in live.objects["ResourceClaim"].values() if "allocation" in c.get("status", {})]
+    assert old_slices and old_claims
+    holders_at_read: dict[str, list[Any]] = {}
+    original = livestate._stored
+
+    def spy(kind: str, rows: Any, shared: Any, *rest: Any) -> list[dict[str, Any]]:
+        if kind in ("ResourceSlice", "ResourceClaim"):
+            old = old_slices if kind == "ResourceSlice" else old_claims
+            # Whatever still holds an old object besides this test's list of them.
+            holders_at_read[kind] = [r for o in old for r in gc.get_referrers(o) if r is not old]
+        return original(kind, rows, shared, *rest)
+
+    monkeypatch.setattr(livestate, "_stored", spy)
+    live.apply([{"kind": "ResourceSlice", "resync": True}, {"kind": "ResourceClaim", "resync": True}])
+    tasks.forget()
+    assert holders_at_read == {"ResourceSlice": [], "ResourceClaim": []}
+
+
 def test_loading_a_state_never_pauses_the_collector(imported: None, monkeypatch: pytest.MonkeyPatch) -> None:
     # Web requests load (lean) states concurrently: their pauses could overlap without end.
     enabled: list[bool] = []
