@@ -442,8 +442,8 @@ def _pick(obj: Any, keys: frozenset[str]) -> Any:
 
 # What the diagnosis, the lint and the allocator replay read of each kind (beyond ``kind``), for
 # ``from_db(lean=True)``. Pods: the claims they use, their node selector and the scheduler's message.
-# Allocated claims: who holds which device since when (status.allocation.devices, reservedFor), and the
-# devices' conditions (status.devices).
+# Allocated claims: who holds which device since when (status.allocation.devices.results, reservedFor),
+# and the devices' conditions (status.devices, without the driver's data).
 _META = frozenset({"name", "namespace", "uid", "creationTimestamp"})
 _LEAN_TOP = frozenset({"kind", "metadata", "spec", "status"})
 _POD_SPEC = frozenset({"nodeName", "nodeSelector", "resourceClaims", "containers", "initContainers"})
@@ -454,6 +454,9 @@ _CONTAINER = frozenset({"name", "resources", "restartPolicy"})
 _CLAIM_STATUS = frozenset({"allocation", "reservedFor", "devices"})
 _ALLOCATION = frozenset({"devices"})
 _ALLOCATED_DEVICES = frozenset({"results"})
+# Of a device's status: what claims.diagnosis.binding matches and reads (its ``data`` and ``networkData``
+# are the driver's, of any shape and depth).
+_DEVICE_STATUS = frozenset({"driver", "pool", "device", "shareID", "conditions"})
 _NODE_META = frozenset({"name", "labels"})
 _NODE_TOP = frozenset({"kind", "metadata", "spec"})
 # Parts of a published device whose values repeat across the fleet (product names, capacities, counters).
@@ -519,8 +522,11 @@ def lean_object(obj: Obj, shared: dict[Any, Any]) -> Obj:
             return obj  # pending claims are few and may be diagnosed from here: keep them whole
         lean_status = _pick(status, _CLAIM_STATUS)
         allocation = lean_status["allocation"] = _pick(status["allocation"], _ALLOCATION)
-        if isinstance(allocation, dict):  # its config is the driver's, read by no diagnosis
-            allocation["devices"] = _pick(allocation.get("devices"), _ALLOCATED_DEVICES)
+        if isinstance(allocation, dict) and isinstance(allocation.get("devices"), dict):
+            # its config is the driver's, read by no diagnosis
+            allocation["devices"] = _pick(allocation["devices"], _ALLOCATED_DEVICES)
+        if isinstance(lean_status.get("devices"), list):
+            lean_status["devices"] = [_pick(d, _DEVICE_STATUS) for d in lean_status["devices"]]
         for result in claim_results(obj):
             for key in _RESULT_NAMES:
                 _intern(result, key)
@@ -539,12 +545,20 @@ _POD_SHARED_SPEC = ("containers", "initContainers", "resourceClaims", "nodeSelec
 _RESULT_NAMES = ("driver", "pool", "device", "request")
 
 
-def _compact(value: Any) -> Any:
-    """``value`` with its dicts, innermost first, made :func:`keyshared` (lists rebuilt with them)."""
+# Deeper than the lean parts made compact go (a claim's result's tolerations: 8), left as they are: the
+# recursion stays bounded whatever a stored object holds.
+_COMPACT_DEPTH = 12
+
+
+def _compact(value: Any, depth: int = 0) -> Any:
+    """``value`` with its dicts, innermost first, made :func:`keyshared` (lists rebuilt with them). For
+    the parts of lean objects whose keys the API's schema fixes: a free-form map would use up layouts."""
+    if depth > _COMPACT_DEPTH:
+        return value
     if isinstance(value, dict):
-        return keyshared({k: _compact(v) for k, v in value.items()})
+        return keyshared({k: _compact(v, depth + 1) for k, v in value.items()})
     if isinstance(value, list):
-        return [_compact(v) for v in value]
+        return [_compact(v, depth + 1) for v in value]
     return value
 
 
@@ -607,7 +621,7 @@ def _shared(value: Any, shared: dict[Any, Any]) -> tuple[Any, bool]:
         return shared.setdefault(("[]", *(_ref(v) for v in items)), items), True
     if isinstance(value, dict):
         parts_of = {k: _shared(v, shared) for k, v in value.items()}
-        out = keyshared({k: v for k, (v, _) in parts_of.items()})
+        out = {k: v for k, (v, _) in parts_of.items()}
         if not all(one for _, one in parts_of.values()):
             return out, False
         if not any(isinstance(v, dict | list) for v in out.values()):

@@ -9,14 +9,17 @@ value in each dict: 200 bytes for the same attributes. :func:`keyshared` makes s
 layout of string keys, through a class per layout.
 
 What it returns is a ``dict`` like any other: equal, iterated in the same order, serialized alike, and
-changing it is allowed (a key added out of order turns it back into a plain dict, which costs memory,
-not correctness). No library offers this; ``__slots__`` classes or named tuples would change the type
-that the diagnosis, CEL and JSON read.
+changing it is allowed (it may then cost more memory, never correctness). No library offers this;
+``__slots__`` classes or named tuples would change the type that the diagnosis, CEL and JSON read. Meant
+for dicts whose keys a schema fixes: each layout keeps a class for the life of the process.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 # CPython shares a class's key table up to this many keys; a longer dict would be a plain one anyway.
 MAX_KEYS = 30
@@ -33,14 +36,28 @@ def keyshared(values: dict[str, Any]) -> dict[str, Any]:
     keys = tuple(values)
     made = _classes.get(keys)
     if made is None:
-        if len(keys) > MAX_KEYS or len(_classes) >= MAX_LAYOUTS or not all(type(k) is str for k in keys):
+        if len(keys) > MAX_KEYS or not all(type(k) is str for k in keys):
             return values
-        made = _classes[keys] = type("KeyShared", (), {})
+        if len(_classes) >= MAX_LAYOUTS:
+            _full()
+            return values
+        # Two threads missing at once use one class: setdefault keeps the first one made.
+        made = _classes.setdefault(keys, type("KeyShared", (), {}))
     out: dict[str, Any] = made().__dict__
-    # Key by key: the split form holds while keys come in the class's order; update() makes it plain.
+    # Key by key, in order: the class's key table is filled in this order by its first dict.
     for key, value in values.items():
         out[key] = value
     return out
+
+
+_said_full = False
+
+
+def _full() -> None:
+    global _said_full
+    if not _said_full:
+        _said_full = True
+        log.warning("keyshared: %d layouts of dict keys; a new layout is a plain dict", MAX_LAYOUTS)
 
 
 def layouts() -> int:

@@ -146,13 +146,19 @@ class _ByAge:
 
 
 class _Added(dict[Any, Any]):
-    """The values a read brings that ``kept`` lacks, sharing ``kept``'s: ``get`` and ``setdefault`` (what
-    ``fleetstate``'s sharing calls, besides entering a new value) find a value in ``kept`` first, and a
-    new one is entered here only. No value is None."""
+    """The values a read brings that ``kept`` lacks, sharing ``kept``'s: every lookup finds a value in
+    ``kept`` first, and a new one is entered here only (so no key is in both). No value is None."""
 
     def __init__(self, kept: dict[Any, Any]) -> None:
         super().__init__()
         self.kept = kept
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.kept or super().__contains__(key)
+
+    def __getitem__(self, key: Any) -> Any:
+        found = self.kept.get(key)
+        return super().__getitem__(key) if found is None else found
 
     def get(self, key: Any, default: Any = None) -> Any:
         found = self.kept.get(key)
@@ -292,13 +298,17 @@ class LiveFleet:
 
     def _read(self, kind: str, keys: list[Key]) -> dict[Key, Obj]:
         """The stored objects of ``keys`` (those still stored), lean, sharing what the fleet shares. Of
-        the values they bring that ``shared`` lacks, only those two objects hold stay (as after a load):
-        a changed slice's serials and UUIDs, kept as entries, would grow ``shared`` by every value the
-        churn ever republished until the next full recompute (+60 MB at L for one rewrite of every
-        slice)."""
+        the values changed slices bring that ``shared`` lacks, only those two objects hold stay, as the
+        load leaves them: their serials and UUIDs, kept as entries, would grow ``shared`` by every value
+        the churn republished until the next full recompute (+60 MB at L for one rewrite of every slice).
+        Other kinds keep every new value: a workload's pods arrive one batch at a time and share what
+        the first one brought."""
+        if kind != "ResourceSlice":
+            return self._read_into(kind, keys, self.shared)
         new = _Added(self.shared)
         out = self._read_into(kind, keys, new)
-        self.shared.update(shared_more_than_once(new))
+        for key, value in shared_more_than_once(new).items():  # keys new to shared: nothing replaced
+            self.shared.setdefault(key, value)
         return out
 
     def _read_into(self, kind: str, keys: list[Key], shared: dict[Any, Any]) -> dict[Key, Obj]:

@@ -204,6 +204,13 @@ def test_lean_pods_and_claims_share_what_their_workload_repeats() -> None:
             },
         }
 
+    device_status = {
+        "driver": "gpu.nvidia.com",
+        "pool": "node-1",
+        "device": "gpu-0",
+        "conditions": [{"type": "Ready", "status": "True"}],
+    }
+
     def claim(i: int) -> dict[str, Any]:
         result = {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "node-1", "device": f"gpu-{i}"}
         return {
@@ -216,7 +223,8 @@ def test_lean_pods_and_claims_share_what_their_workload_repeats() -> None:
                         "results": [result],
                         "config": [{"source": "FromClaim", "opaque": {"driver": "gpu.nvidia.com"}}],
                     }
-                }
+                },
+                "devices": [{**device_status, "data": {"deep": {"er": [{"x": 1}]}}, "networkData": {}}],
             },
         }
 
@@ -233,6 +241,8 @@ def test_lean_pods_and_claims_share_what_their_workload_repeats() -> None:
     # Of the conditions, the scheduler's (its message); of the allocation, the results, not the config.
     assert a["status"]["conditions"] == [{"type": "PodScheduled", "status": "True"}]
     assert all(set(c["status"]["allocation"]["devices"]) == {"results"} for c in claims)
+    # Of the devices' status, what binding conditions match and read; not the driver's data.
+    assert all(c["status"]["devices"] == [device_status] for c in claims)
     first, second = (c["status"]["allocation"]["devices"]["results"][0] for c in claims)
     assert first["pool"] is second["pool"] and first["driver"] is second["driver"]
     assert first == {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "node-1", "device": "gpu-0"}
@@ -245,6 +255,30 @@ def test_lean_pods_and_claims_share_what_their_workload_repeats() -> None:
         for _ in range(2)
     ]
     assert slices[0]["spec"]["devices"][0]["name"] is slices[1]["spec"]["devices"][0]["name"]
+
+
+def test_a_lean_pod_says_what_the_scheduler_said_among_its_other_conditions() -> None:
+    from claims.diagnosis.placement import scheduled_message
+
+    pod = {
+        "kind": "Pod",
+        "metadata": {"name": "job-0", "namespace": "ml"},
+        "status": {
+            "phase": "Pending",
+            "conditions": [
+                {"type": "PodReadyToStartContainers", "status": "False"},
+                {
+                    "type": "PodScheduled",
+                    "status": "False",
+                    "message": "0/5 nodes: cannot allocate all claims",
+                },
+                {"type": "Initialized", "status": "True"},
+            ],
+        },
+    }
+    lean = lean_object(orjson.loads(orjson.dumps(pod)), {})
+    assert scheduled_message(lean) == scheduled_message(pod) == "0/5 nodes: cannot allocate all claims"
+    assert [c["type"] for c in lean["status"]["conditions"]] == ["PodScheduled"]
 
 
 def test_only_values_held_twice_stay_shared_for_the_changes_to_come(imported: None) -> None:
@@ -516,33 +550,34 @@ def test_an_update_that_recomputes_lets_the_fleet_it_replaces_go_before_loading(
     assert alive_at_load == [False]
 
 
+@pytest.mark.parametrize("kind", ["ResourceSlice", "ResourceClaim", "Pod"])
 def test_a_relist_read_whole_lets_the_kinds_old_objects_go_before_reading_it(
-    imported: None, monkeypatch: pytest.MonkeyPatch
+    imported: None, monkeypatch: pytest.MonkeyPatch, kind: str
 ) -> None:
-    # Held by the fleet's table, its device rows and the allocator's sums, the old slices would stay
-    # while the new ones are read: the kind twice (+0.6 GB at XL).
+    # Held by the fleet's table, its indexes, device rows and the allocator's sums, the old objects would
+    # stay while the new ones are read: the kind twice (the slices: +0.6 GB at XL).
     from claims import livestate
 
     tasks.forget()
-    assert tasks.recompute_diagnoses("fixtures")  # a state built: rows and sums hold the slices
+    assert tasks.recompute_diagnoses("fixtures")  # a state built: rows, sums and indexes hold objects
+    assert gc.get_freeze_count() == 0  # get_referrers below sees every holder
     live = tasks._live["fixtures"].fleet
-    old_slices = list(live.objects["ResourceSlice"].values())
-    old_claims = [c for c in live.objects["ResourceClaim"].values() if "allocation" in c.get("status", {})]
-    assert old_slices and old_claims
-    holders_at_read: dict[str, list[Any]] = {}
+    old = list(live.objects[kind].values())
+    if kind == "ResourceClaim":  # those the allocator's sums and the holders index hold
+        old = [c for c in old if "allocation" in c.get("status", {})]
+    assert old
+    holders_at_read: list[Any] = []
     original = livestate._stored
 
-    def spy(kind: str, rows: Any, shared: Any, *rest: Any) -> list[dict[str, Any]]:
-        if kind in ("ResourceSlice", "ResourceClaim"):
-            old = old_slices if kind == "ResourceSlice" else old_claims
-            # Whatever still holds an old object besides this test's list of them.
-            holders_at_read[kind] = [r for o in old for r in gc.get_referrers(o) if r is not old]
-        return original(kind, rows, shared, *rest)
+    def spy(read: str, rows: Any, shared: Any, *rest: Any) -> list[dict[str, Any]]:
+        if read == kind:  # whatever still holds an old object besides this test's list of them
+            holders_at_read.extend(r for o in old for r in gc.get_referrers(o) if r is not old)
+        return original(read, rows, shared, *rest)
 
     monkeypatch.setattr(livestate, "_stored", spy)
-    live.apply([{"kind": "ResourceSlice", "resync": True}, {"kind": "ResourceClaim", "resync": True}])
+    live.apply([{"kind": kind, "resync": True}])
     tasks.forget()
-    assert holders_at_read == {"ResourceSlice": [], "ResourceClaim": []}
+    assert holders_at_read == []
 
 
 def test_loading_a_state_never_pauses_the_collector(imported: None, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import pickle
 import tracemalloc
 from typing import Any
@@ -80,10 +81,18 @@ def test_a_dict_that_cannot_share_its_keys_is_returned_as_it_is(values: dict[Any
     assert keyshared(values) is values
 
 
-def test_past_the_limit_of_layouts_a_new_layout_is_a_plain_dict(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_past_the_limit_of_layouts_a_new_layout_is_a_plain_dict_and_said_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     monkeypatch.setattr(module, "_classes", {})
+    monkeypatch.setattr(module, "_said_full", False)
     monkeypatch.setattr(module, "MAX_LAYOUTS", 2)
-    first, second, third = {"a": 1}, {"b": 1}, {"c": 1}
+    first, second, third, fourth = {"a": 1}, {"b": 1}, {"c": 1}, {"d": 1}
     assert keyshared(first) is not first and keyshared(second) is not second
-    assert keyshared(third) is third and module.layouts() == 2
-    assert keyshared({"a": 2}) == {"a": 2} and keyshared({"a": 2}) is not first  # known layouts still share
+    with caplog.at_level(logging.WARNING, logger="claims.keyshared"):
+        assert keyshared(third) is third and keyshared(fourth) is fourth and module.layouts() == 2
+    assert [r.getMessage() for r in caplog.records] == [
+        "keyshared: 2 layouts of dict keys; a new layout is a plain dict"
+    ]
+    again = {"a": 2}
+    assert keyshared(again) is not again and keyshared(again) == again  # known layouts still share
