@@ -302,15 +302,15 @@ def test_only_values_held_twice_stay_shared_for_the_changes_to_come(imported: No
     assert len(live.shared) < len(everything)
 
 
-def test_changed_rows_keep_only_their_values_held_twice_as_a_load_does(imported: None) -> None:
-    # An update reads its changed rows back through the fleet's shared values. The values they alone
+def test_changed_slices_keep_only_their_values_held_twice_as_a_load_does(imported: None) -> None:
+    # An update reads its changed slices back through the fleet's shared values. The values they alone
     # hold (a republished slice's UUIDs and serials) must not stay as entries: under churn they would
     # grow the worker until the next full recompute.
     live = LiveFleet.load("fixtures")
     kept = dict(live.shared)
     names = sorted(name for _, name in live.objects["ResourceSlice"])
     assert len(names) > 1
-    before = {k: v for k, v in live.objects["ResourceSlice"].items()}
+    before = dict(live.objects["ResourceSlice"])
     live.apply([{"kind": "ResourceSlice", "written": names}])  # every slice read back, unchanged
     after = live.objects["ResourceSlice"]
     assert after == before and all(after[k] is not before[k] for k in before)  # fresh objects
