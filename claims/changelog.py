@@ -95,15 +95,16 @@ def position(cluster: str) -> Position:
     return Position(entry.decode() if isinstance(entry, bytes) else str(entry), int(number))
 
 
-def read(cluster: str, after: Position) -> tuple[list[dict[str, Any]], Position]:
-    """The events after ``after`` and the new position. Raises :class:`Gap` when some were dropped."""
+def read(cluster: str, after: Position) -> tuple[list[tuple[int, dict[str, Any]]], Position]:
+    """The events after ``after``, each with its number, and the new position. Raises :class:`Gap` when
+    some were dropped."""
     client = _client()
     if client is None:
         kept = _local.get(cluster, [])
         now = _counts.get(cluster, 0)
         if now > after.number and (not kept or kept[0][0] > after.number + 1):
             raise Gap(cluster)
-        return [e for n, e in kept if n > after.number], Position("0-0", now)
+        return [(n, e) for n, e in kept if n > after.number], Position("0-0", now)
     stream, counter = _keys(cluster)
     entries = client.xrange(stream, min=f"({after.entry}" if after.entry != "0-0" else "-", max="+")
     if not entries:
@@ -114,6 +115,6 @@ def read(cluster: str, after: Position) -> tuple[list[dict[str, Any]], Position]
     first = int(entries[0][1][b"n"])
     if first != after.number + 1:
         raise Gap(cluster)
-    events = [orjson.loads(fields[b"e"]) for _, fields in entries]
+    events = [(int(fields[b"n"]), orjson.loads(fields[b"e"])) for _, fields in entries]
     last_id, last_fields = entries[-1]
     return events, Position(last_id.decode(), int(last_fields[b"n"]))

@@ -15,7 +15,7 @@ sure which events it saw reloads, or replays a few too many.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -193,10 +193,17 @@ class LiveFleet:
     # claims at L on every state (a few percent of an update under churn). In no order: the allocator
     # reads them as sums and sets (claims.allocator.baseline).
     allocated_claims: dict[Key, Obj] = field(default_factory=dict, repr=False)
+    # Per kind, the number of the last change event logged before the kind was last read whole: what that
+    # read saw includes every event up to it (an event is logged after its batch commits). An initial sync
+    # logs one relist per kind while the first load runs (minutes at XL); without this, the update after
+    # it read every kind whole again, though most had been read after their relist committed.
+    read_at: dict[str, int] = field(default_factory=dict, repr=False)
 
     @classmethod
-    def load(cls, cluster: str) -> LiveFleet:
-        """Every object of ``cluster`` the diagnosis reads. Raises LookupError for an unknown cluster."""
+    def load(cls, cluster: str, mark: Callable[[], int] | None = None) -> LiveFleet:
+        """Every object of ``cluster`` the diagnosis reads. Raises LookupError for an unknown cluster.
+        ``mark``: the number of the newest logged change event (``changelog.position``), taken before
+        each kind is read, so that :meth:`apply` skips the events the load already saw."""
         from fleet.gcpause import cyclic_gc_paused
         from fleet.models import Cluster
 
@@ -206,6 +213,8 @@ class LiveFleet:
         live = cls(cluster, found.pk)
         with cyclic_gc_paused():
             for kind in READ:
+                if mark is not None:
+                    live.read_at[kind] = mark()
                 live._reload(kind)
         live.shared = shared_more_than_once(live.shared)
         return live
@@ -343,14 +352,19 @@ class LiveFleet:
             allocated_claims=list(self.allocated_claims.values()),
         )
 
-    def apply(self, events: Iterable[dict[str, Any]]) -> Reach:
-        """Bring the objects up to date with ``events`` (this cluster's ``fleet.change`` events, in commit
-        order); returns what they reached."""
+    def apply(self, events: Iterable[tuple[int, dict[str, Any]]]) -> Reach:
+        """Bring the objects up to date with ``events`` (this cluster's ``fleet.change`` events with their
+        log numbers, in commit order, as ``changelog.read`` gives them); returns what they reached."""
         reach = Reach()
         written: dict[str, set[Key]] = {}
         reloaded = False
-        for event in events:
+        numbered = list(events)
+        last = numbered[-1][0] if numbered else 0
+        for number, event in numbered:
             kind = str(event.get("kind", ""))
+            # Already in what the kind's last whole read saw (an import: in what every kind's did).
+            if number <= min(self.read_at.get(k, -1) for k in ([kind] if kind in READ else READ)):
+                continue
             # A relist's event names its keys when few (fleet.ingest.events): then it is applied key by
             # key like a watch batch; else the kind is read again whole.
             whole = event.get("resync") and not isinstance(event.get("written"), list)
@@ -359,6 +373,8 @@ class LiveFleet:
                 reloaded = True
                 for k in [kind] if kind in READ else READ:
                     self._reload(k)
+                    # Every event given was logged before this read: none of this kind needs applying.
+                    self.read_at[k] = last
                     written.pop(k, None)
                 continue
             if kind not in READ:

@@ -502,7 +502,7 @@ def _recompute(cluster: str, now: str | None) -> dict[str, int]:
     # Loading and indexing create ~10^7 long-lived objects: the collector would walk them over and over.
     with cyclic_gc_paused():
         try:
-            fleet = LiveFleet.load(cluster)
+            fleet = LiveFleet.load(cluster, mark=lambda: changelog.position(cluster).number)
         except LookupError:
             log.warning("recompute_diagnoses: unknown cluster %s", cluster)
             return {}

@@ -29,7 +29,7 @@ import redis
 from django.conf import settings
 from django.db import connection, connections
 
-from claims import changelog, tasks
+from claims import changelog, livestate, tasks
 from claims.diagnosis import diagnose
 from claims.diagnosis.footprint import Footprint
 from claims.fleetstate import FleetState
@@ -637,6 +637,44 @@ def test_a_relist_naming_its_keys_rediagnoses_only_the_claims_it_reached(
     counts = tasks.update_diagnoses(name)
     assert "full" not in counts and counts["diagnosed"] == diagnosed, counts
     assert stored(name) == fresh(name) and len(stored(name)) == 4
+
+
+def test_the_update_after_a_load_reads_whole_only_the_kinds_relisted_after_the_load_read_them(
+    quiet: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An initial sync relists every kind while the first load runs (minutes at XL). A relist that
+    # committed before the load read its kind is in the fleet already; one that committed after must
+    # still be applied.
+    from claims.livestate import LiveFleet
+
+    name = "incr-load-relists"
+    fleet = new_fleet(name, random.Random(7))
+    fleet.set_node("h1", "H100", "full", 2, {})
+    for i, n in enumerate((3, 4)):
+        claim = nvidia.claim_object("team", f"want-{i}", [nvidia.exactly_request("gpu", "gpu.nvidia.com", n)])
+        fleet.write([{**claim, "kind": "ResourceClaim"}])
+    fleet.relist_share, fleet.relist_keys = 1.0, [0]  # every write a relist that only counts its keys
+    reloads: list[str] = []
+    original = LiveFleet._reload
+
+    late = nvidia.claim_object("team", "want-late", [nvidia.exactly_request("gpu", "gpu.nvidia.com", 5)])
+
+    def relisting_meanwhile(live: LiveFleet, kind: str) -> None:
+        reloads.append(kind)
+        original(live, kind)
+        if kind == "ResourceSlice":  # after the load read the slices: a slices relist it missed
+            fleet.set_node("h1", "H100", "full", 4, {})
+        elif kind == "Node":  # before it takes the log's number for the claims: a claims relist it sees
+            fleet.write([{**late, "kind": "ResourceClaim"}])
+
+    monkeypatch.setattr(LiveFleet, "_reload", relisting_meanwhile)
+    assert tasks.update_diagnoses(name)["full"] == 1  # the load, with both relists logged meanwhile
+    assert reloads == list(livestate.READ)
+    reloads.clear()
+    counts = tasks.update_diagnoses(name)
+    assert reloads == ["ResourceSlice"], reloads  # not the claims, which the load read after their relist
+    assert "full" not in counts and counts["diagnosed"] == 3, counts
+    assert stored(name) == fresh(name) and len(stored(name)) == 3
 
 
 def test_an_update_whose_write_deadlocks_with_a_claim_writer_writes_again(

@@ -311,7 +311,7 @@ def test_changed_slices_keep_only_their_values_held_twice_as_a_load_does(importe
     names = sorted(name for _, name in live.objects["ResourceSlice"])
     assert len(names) > 1
     before = dict(live.objects["ResourceSlice"])
-    live.apply([{"kind": "ResourceSlice", "written": names}])  # every slice read back, unchanged
+    live.apply([(1, {"kind": "ResourceSlice", "written": names})])  # every slice read back, unchanged
     after = live.objects["ResourceSlice"]
     assert after == before and all(after[k] is not before[k] for k in before)  # fresh objects
     assert live.shared.keys() == kept.keys()
@@ -331,7 +331,7 @@ def test_changed_slices_keep_only_their_values_held_twice_as_a_load_does(importe
         device["attributes"] = {**device.get("attributes", {}), "rack": {"string": "new-rack-7"}}
     row.raw = raw
     row.save(update_fields=["raw"])
-    live.apply([{"kind": "ResourceSlice", "written": [names[0]]}])
+    live.apply([(2, {"kind": "ResourceSlice", "written": [names[0]]})])
     new_keys = live.shared.keys() - kept.keys()
     assert ("string", str, "new-rack-7") in new_keys
     first, second = live.objects["ResourceSlice"][("", names[0])]["spec"]["devices"][:2]
@@ -341,8 +341,63 @@ def test_changed_slices_keep_only_their_values_held_twice_as_a_load_does(importe
 def test_a_relist_read_whole_keeps_only_values_held_twice(imported: None) -> None:
     live = LiveFleet.load("fixtures")
     kept = set(live.shared)
-    live.apply([{"kind": "ResourceSlice", "resync": True}])  # a relist too large to name its keys
+    live.apply([(1, {"kind": "ResourceSlice", "resync": True})])  # a relist too large to name its keys
     assert live.shared.keys() == kept
+
+
+def test_events_a_whole_read_of_their_kind_already_saw_are_not_applied_again(
+    imported: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The load takes the log's number before reading each kind: what was logged up to it is in what it
+    # read. Reading a kind whole again for such an event doubled the first update after a sync.
+    from claims import livestate
+
+    marks = iter(range(10, 10 + len(livestate.READ)))  # the slices read after event 10, classes 11, ...
+    live = LiveFleet.load("fixtures", mark=lambda: next(marks))
+    at = {kind: 10 + i for i, kind in enumerate(livestate.READ)}
+    assert live.read_at == at
+    reads: list[str] = []
+    original = livestate._stored
+
+    def spy(kind: str, rows: Any, shared: Any, *rest: Any) -> list[dict[str, Any]]:
+        reads.append(kind)
+        return original(kind, rows, shared, *rest)
+
+    monkeypatch.setattr(livestate, "_stored", spy)
+    slices = dict(live.objects["ResourceSlice"])
+    first = sorted(name for _, name in slices)[0]
+    claims_at = at["ResourceClaim"]
+    seen: list[tuple[int, dict[str, Any]]] = [
+        (9, {"kind": "ResourceSlice", "written": [first]}),
+        (10, {"kind": "ResourceSlice", "resync": True}),
+        (claims_at, {"kind": "ResourceClaim", "resync": True}),
+        (10, {"kind": "", "imported": True}),  # in what every kind's read saw
+    ]
+    assert not live.apply(seen) and reads == []
+    assert all(live.objects["ResourceSlice"][k] is v for k, v in slices.items())
+    # Logged after the slices were read: read again, once for both relists of one batch, and the keys
+    # written after them are in that read too.
+    later: list[tuple[int, dict[str, Any]]] = [
+        (11, {"kind": "ResourceSlice", "resync": True}),
+        (claims_at, {"kind": "ResourceSlice", "resync": True}),
+        (claims_at + 1, {"kind": "ResourceSlice", "written": [first]}),
+    ]
+    reach = live.apply(later)
+    assert reach.everything and reads == ["ResourceSlice"]
+    assert live.read_at["ResourceSlice"] == claims_at + 1
+    assert (
+        live.objects["ResourceSlice"] == slices
+        and live.objects["ResourceSlice"][("", first)] is not slices[("", first)]
+    )
+    # A claims relist logged after the claims were read is read; an import logged after the classes were
+    # read (11) reads every kind, though the others were read after it.
+    reads.clear()
+    assert live.apply([(claims_at + 1, {"kind": "ResourceClaim", "resync": True})]).everything
+    assert reads == ["ResourceClaim"]
+    reads.clear()
+    assert not live.apply([(11, {"kind": "", "imported": True})]) and reads == []
+    assert live.apply([(12, {"kind": "", "imported": True})]).everything
+    assert reads == list(livestate.READ)
 
 
 def test_the_context_reads_the_counters_of_a_pools_newest_generation_only() -> None:
@@ -540,9 +595,9 @@ def test_an_update_that_recomputes_lets_the_fleet_it_replaces_go_before_loading(
     alive_at_load: list[bool] = []
     original = LiveFleet.load.__func__  # type: ignore[attr-defined]
 
-    def spy(cls: type[LiveFleet], cluster: str) -> LiveFleet:
+    def spy(cls: type[LiveFleet], cluster: str, mark: Any = None) -> LiveFleet:
         alive_at_load.append(old() is not None)
-        return original(cls, cluster)
+        return original(cls, cluster, mark)
 
     monkeypatch.setattr(LiveFleet, "load", classmethod(spy))
     assert tasks.update_diagnoses("fixtures").get("full") == 1
@@ -575,7 +630,7 @@ def test_a_relist_read_whole_lets_the_kinds_old_objects_go_before_reading_it(
         return original(read, rows, shared, *rest)
 
     monkeypatch.setattr(livestate, "_stored", spy)
-    live.apply([{"kind": kind, "resync": True}])
+    live.apply([(1, {"kind": kind, "resync": True})])
     tasks.forget()
     assert holders_at_read == []
 
