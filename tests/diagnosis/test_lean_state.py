@@ -534,6 +534,15 @@ def test_stored_json_decodes_like_json_loads_even_beyond_64_bits() -> None:
     assert decode_json('{"big": 123456789012345678901234567890}') == {"big": 123456789012345678901234567890}
     assert decode_json('{"n": -9223372036854775809}') == {"n": -9223372036854775809}
     assert decode_json('{"x": 1e400}') == {"x": float("inf")}
+    assert decode_json('{"s": "a\\ud800b"}') == {"s": "a\ud800b"}  # a lone surrogate, escaped
+    assert decode_json('["a\ud800"]') == ["a\ud800"]  # one unescaped: not UTF-8, so json decodes it
+    assert decode_json('{"s": "\u0661\u0662"}') == {"s": "\u0661\u0662"}  # non-ASCII digits: a string
+    # 18 digits and a 19-digit run split by a non-digit are exact in orjson; 19 in a row go to json.
+    assert decode_json("[123456789012345678, 1234567890.123456789]") == [
+        123456789012345678,
+        1234567890.123456789,
+    ]
+    assert decode_json("[-9999999999999999999]") == [-9999999999999999999]
     assert decode_json(None) is None
 
 
