@@ -4,9 +4,9 @@ resident set after each stage, on the database ``load_fleet.py`` (or ``bench_e2e
     DATABASE_URL=... REDIS_URL=... SECRET_KEY=... \\
         .venv/bin/python bench/e2e/state_memory.py [cluster] [whatif]
 
-Stages: the lean objects (``LiveFleet.load``), the per-pool device rows (``state.devices()``), the
-holders and pod indexes, ``prepare`` (the per-fleet context), every pending claim diagnosed; then the
-state released and the fleet dropped. With ``whatif``, instead: one what-if as the web process answers it
+Stages: the lean objects (``LiveFleet.load``, with the seconds each kind took to read), the per-pool
+device rows (``state.devices()``), the holders and pod indexes, ``prepare`` (the per-fleet context), every
+pending claim diagnosed; then the state released and the fleet dropped. With ``whatif``, instead: one what-if as the web process answers it
 (``FleetState.from_db(lean=True)``, then one pending claim diagnosed), and the same on the whole fleet
 (``lean=False``, as before the what-if went lean), each in a fresh process, with its peak. The baseline is
 the code before a change, run on the same database (``cd`` into a worktree of it: the code is imported
@@ -57,10 +57,21 @@ class Stages:
 
 def live(cluster: str) -> None:
     stages = Stages()
+    read: dict[str, float] = {}  # seconds per kind read
+    reload = LiveFleet._reload
+
+    def timed(fleet: LiveFleet, kind: str) -> None:
+        t = time.perf_counter()
+        reload(fleet, kind)
+        read[kind] = time.perf_counter() - t
+
+    LiveFleet._reload = timed  # type: ignore[method-assign,assignment]
     # As the worker does: loading and indexing create ~10^7 long-lived objects.
     with cyclic_gc_paused():
         fleet = stages.run("lean objects (LiveFleet.load)", lambda: LiveFleet.load(cluster))
+        LiveFleet._reload = reload  # type: ignore[method-assign]
         print("   " + ", ".join(f"{k} {len(v)}" for k, v in fleet.objects.items() if v), flush=True)
+        print("   read in " + ", ".join(f"{k} {s:.1f} s" for k, s in read.items()), flush=True)
         build(stages, cluster, fleet.state())
         stages.run("state released (fleet kept)", lambda: None)
         fleet.objects.clear()
