@@ -10,7 +10,15 @@ from typing import Any
 
 from claims.allocator.nodes import klog
 from claims.allocator.pools import Pool, qty
-from claims.allocator.snapshot import CLASS_MISSING, DeviceKey, Fatal, Features, FleetSnapshot, Obj
+from claims.allocator.snapshot import (
+    CLASS_MISSING,
+    UNSUPPORTED,
+    DeviceKey,
+    Fatal,
+    Features,
+    FleetSnapshot,
+    Obj,
+)
 from claims.cel import MISSING, CelCompileError, CompiledSelector, compile_selector, parse_qualified_name
 
 
@@ -112,7 +120,8 @@ def _selectors(
         if not expr:
             raise Fatal(
                 f"claim {claim_name}, request {request_name}, selector #{i}: CEL expression empty "
-                "(unsupported selector type?)"
+                "(unsupported selector type?)",
+                UNSUPPORTED,
             )
         out.append(_compile(expr, f"{where}: selector #{i}"))
     return out
@@ -125,14 +134,16 @@ def make_request(
     class_name = spec.get("deviceClassName", "")
     if not class_name:
         raise Fatal(
-            f"claim {claim_name}, request {name}: missing device class name (unsupported request type?)"
+            f"claim {claim_name}, request {name}: missing device class name (unsupported request type?)",
+            UNSUPPORTED,
         )
     device_class = snapshot.classes.get(class_name)
     if device_class is None:
         raise Fatal(f"request {name}: device class {class_name} does not exist", CLASS_MISSING)
     if admin and not features.admin_access:
         raise Fatal(
-            f"claim {claim_name}, request {name}: admin access is requested, but the feature is disabled"
+            f"claim {claim_name}, request {name}: admin access is requested, but the feature is disabled",
+            UNSUPPORTED,
         )
     capacity = ((spec.get("capacity") or {}).get("requests")) or {}
     if capacity and not features.consumable_capacity:
@@ -140,11 +151,12 @@ def make_request(
         what = f"subrequest {name.rpartition('/')[2]}" if name != parent else f"request {name}"
         raise Fatal(
             f"claim {claim_name}, {what}: has capacity requests, but the DRAConsumableCapacity "
-            "feature is disabled"
+            "feature is disabled",
+            UNSUPPORTED,
         )
     mode = spec.get("allocationMode") or "ExactCount"
     if mode not in ("ExactCount", "All"):
-        raise Fatal(f"claim {claim_name}, request {name}: unsupported count mode {mode}")
+        raise Fatal(f"claim {claim_name}, request {name}: unsupported count mode {mode}", UNSUPPORTED)
     return Request(
         name=name,
         parent=parent,

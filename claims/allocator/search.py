@@ -18,6 +18,7 @@ from claims.allocator.snapshot import (
     DEFAULT_FEATURES,
     MAX_RESULTS,
     POOL_UNUSABLE,
+    UNSUPPORTED,
     AllocationResult,
     Fatal,
     Features,
@@ -50,7 +51,8 @@ class Allocator(DeviceState):
                     if not self.features.prioritized_list:
                         raise Fatal(
                             f"claim {claim_name}, request {name}: has subrequests, but the "
-                            "DRAPrioritizedList feature is disabled"
+                            "DRAPrioritizedList feature is disabled",
+                            UNSUPPORTED,
                         )
                     subs = [
                         make_request(
@@ -78,7 +80,9 @@ class Allocator(DeviceState):
                         )
                     ]
                 else:
-                    raise Fatal(f"resource claim {claim_name}, request {name}: unknown request type")
+                    raise Fatal(
+                        f"resource claim {claim_name}, request {name}: unknown request type", UNSUPPORTED
+                    )
                 for sub in subs:
                     if sub.all_mode:
                         self._collect_all(claim_name, sub)

@@ -210,13 +210,15 @@ class Fatal(Exception):
         self.reason = reason
 
 
-# Fatal.reason values; "" for the others (CEL compile errors, features off, malformed requests).
-CEL_RUNTIME, CLASS_MISSING, CONSTRAINT, POOL_UNUSABLE, CLAIM_LIMIT = (
+# Fatal.reason values; "" for the others (CEL compile errors). UNSUPPORTED: a feature the scheduler has
+# off, or a request, selector or mode this API version does not know (written for a newer one).
+CEL_RUNTIME, CLASS_MISSING, CONSTRAINT, POOL_UNUSABLE, CLAIM_LIMIT, UNSUPPORTED = (
     "cel-runtime",
     "class-missing",
     "constraint",
     "pool",
     "claim-limit",
+    "unsupported",
 )
 
 

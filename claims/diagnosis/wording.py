@@ -14,6 +14,7 @@ from claims.allocator import (
     CONSTRAINT,
     MAX_RESULTS,
     POOL_UNUSABLE,
+    UNSUPPORTED,
     AllocationResult,
 )
 from claims.diagnosis.analysis import Analysis
@@ -71,6 +72,15 @@ def error_diagnosis(
         base.summary = f"{message}."
         base.suggestions = [f"Split the claim: at most {MAX_RESULTS} devices per claim."]
         return base
+    if reason == UNSUPPORTED:
+        base.category = "unsupported"
+        base.summary = f"Scheduling aborts (SchedulerError): {message}."
+        base.suggestions = [
+            "Enable the feature gate the message names on the scheduler, or write the request with only "
+            "what this cluster's resource.k8s.io version supports."
+        ]
+        return base
+    # What is left: a selector that does not compile.
     categories = {CLASS_MISSING: "class-missing", CONSTRAINT: "constraint"}
     base.category = categories.get(reason, "cel-error")
     base.summary = f"Scheduling aborts (SchedulerError): {message}."

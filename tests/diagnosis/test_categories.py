@@ -349,8 +349,10 @@ def test_an_abort_is_categorized_by_its_reason_whatever_the_claim_is_named(name:
     # The scheduler's message holds the claim's name: a name holding "constraint" (the one abort word a
     # DNS name can hold) must not change the category of an unsupported allocation mode.
     result = diagnose(state(node("a", "H100", gpus=1)), claim([gpu(allocation_mode="Some")], name=name))
-    assert result.category == "cel-error"
+    # A mode newer than the scheduler's: the fix is the cluster's version or the claim, not its CEL.
+    assert result.category == "unsupported"
     assert result.scheduler_message.endswith(f"claim team/{name}, request gpu: unsupported count mode Some")
+    assert "resource.k8s.io version" in result.suggestions[0]
 
 
 def test_a_claim_constraint_the_devices_cannot_meet_aborts_as_a_constraint() -> None:
