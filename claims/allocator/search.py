@@ -107,7 +107,7 @@ class Allocator(DeviceState):
                     )
                 else:
                     message = "empty constraint (unsupported constraint type?)"
-                    raise Fatal(f"claim {claim_name}, constraint #{i}: {message}", CONSTRAINT)
+                    raise Fatal(f"claim {claim_name}, constraint #{i}: {message}", UNSUPPORTED)
             self.claim_data.append(ClaimData(claim, requests, constraints))
             self.results.append([])
 

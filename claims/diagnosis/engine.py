@@ -16,7 +16,7 @@ from claims.diagnosis.groups import Context, summary_key
 from claims.diagnosis.placement import fits_diagnosis, invalid_pools, place, pod_nodes
 from claims.diagnosis.requests import Req, claim_from, make_req, requests_of, selector_texts
 from claims.diagnosis.result import Diagnosis, Obj
-from claims.diagnosis.wording import error_diagnosis, unschedulable
+from claims.diagnosis.wording import UNSUPPORTED_FIX, error_diagnosis, unschedulable
 from claims.fleetstate import FleetState, claim_results, klog
 from claims.lint import Finding, lint_object, published_names
 from fleet.normalize import claim_as_v1, unsupported_api_version
@@ -144,6 +144,37 @@ def _diagnose_pod(state: FleetState, pod: Obj) -> Diagnosis:
     return _diagnose_claim(state, pending[0], pod, lint_object(pending[0], state), others=pending[1:])
 
 
+def unknown_shape(claim: Obj, state: FleetState) -> str:
+    """The allocator's abort message, in its words, when the first request it would stop at is of a
+    shape it does not know (a request type, a missing class name, a selector without CEL); "" when there
+    is none, or when that request's class is missing (the class check reports it, as the allocator
+    does)."""
+    name = klog(claim)
+    classes = {str((c.get("metadata") or {}).get("name", "")): c for c in state.objects["DeviceClass"]}
+    for request, alternatives in zip(
+        ((claim.get("spec") or {}).get("devices") or {}).get("requests") or [],
+        requests_of(claim),
+        strict=True,
+    ):
+        if not request.get("exactly") and not request.get("firstAvailable"):
+            return f"resource claim {name}, request {request.get('name', '')}: unknown request type"
+        for item in alternatives:
+            spec, where = item["spec"], f"claim {name}, request {item['name']}"
+            if not spec.get("deviceClassName"):
+                return f"{where}: missing device class name (unsupported request type?)"
+            if spec["deviceClassName"] not in classes:
+                return ""
+            class_spec = classes[spec["deviceClassName"]].get("spec") or {}
+            for texts in (
+                selector_texts(spec),
+                selector_texts(class_spec),
+            ):  # the request's, then its class's
+                for i, text in enumerate(texts):
+                    if not text:
+                        return f"{where}, selector #{i}: CEL expression empty (unsupported selector type?)"
+    return ""
+
+
 def _diagnose_claim(
     state: FleetState, claim: Obj, pod: Obj | None, findings: list[Finding], others: list[Obj] | None = None
 ) -> Diagnosis:
@@ -163,9 +194,18 @@ def _diagnose_claim(
             base.summary += " Binding conditions pending: " + "; ".join(waits) + "."
             base.suggestions = binding_suggestion(waits)
         return base
+    # 0. shapes the allocator does not know (written for a newer API): it aborts on them, and the checks
+    # below would read them as a missing class or a selector that does not compile
+    unknown = unknown_shape(claim, state)
+    if unknown:
+        base.category = "unsupported"
+        base.summary = f"Scheduling aborts (SchedulerError): {unknown}."
+        base.scheduler_message = f'running "DynamicResources" filter plugin: {unknown}'
+        base.suggestions = [UNSUPPORTED_FIX]
+        return base
     # 1. compile errors (the apiserver would reject the claim; a stored one aborts scheduling)
     for f in findings:
-        if f.code == "cel-compile":
+        if f.code == "cel-compile" and f.expression:  # an empty one: a selector type step 0 did not reach
             base.category = "cel-error"
             base.summary = f"Selector of request {f.where} does not compile: {f.message.splitlines()[0]}"
             base.requests = [{"name": f.where, "expression": f.expression, "error": f.message}]

@@ -75,16 +75,22 @@ def error_diagnosis(
     if reason == UNSUPPORTED:
         base.category = "unsupported"
         base.summary = f"Scheduling aborts (SchedulerError): {message}."
-        base.suggestions = [
-            "Enable the feature gate the message names on the scheduler, or write the request with only "
-            "what this cluster's resource.k8s.io version supports."
-        ]
+        base.suggestions = [UNSUPPORTED_FIX]
         return base
-    # What is left: a selector that does not compile.
-    categories = {CLASS_MISSING: "class-missing", CONSTRAINT: "constraint"}
-    base.category = categories.get(reason, "cel-error")
+    # A selector that does not compile has no reason of its own.
+    categories = {CLASS_MISSING: "class-missing", CONSTRAINT: "constraint", "": "cel-error"}
+    if reason not in categories:
+        raise ValueError(f"an allocator abort of unknown reason {reason!r}: {message}")
+    base.category = categories[reason]
     base.summary = f"Scheduling aborts (SchedulerError): {message}."
     return base
+
+
+UNSUPPORTED_FIX = (
+    "Turn on the scheduler's feature gate for what the claim uses (DRAAdminAccess, DRAPrioritizedList, "
+    "DRAConsumableCapacity), or write the claim with only what this cluster's resource.k8s.io version "
+    "knows."
+)
 
 
 def _fmt_groups(groups: Iterable[Group]) -> str:

@@ -355,6 +355,40 @@ def test_an_abort_is_categorized_by_its_reason_whatever_the_claim_is_named(name:
     assert "resource.k8s.io version" in result.suggestions[0]
 
 
+@pytest.mark.parametrize(
+    ("request_", "message"),
+    [
+        ({"name": "gpu"}, "resource claim team/want, request gpu: unknown request type"),
+        (
+            {"name": "gpu", "exactly": {"count": 1}},
+            "claim team/want, request gpu: missing device class name (unsupported request type?)",
+        ),
+        (
+            {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "selectors": [{"other": {}}]}},
+            "claim team/want, request gpu, selector #0: CEL expression empty (unsupported selector type?)",
+        ),
+    ],
+)
+def test_a_request_of_a_shape_the_allocator_does_not_know_aborts_as_unsupported(
+    request_: dict[str, object], message: str
+) -> None:
+    # Written for a newer API (a request or selector type this version drops): the allocator aborts with
+    # these words; the fix is the cluster's version or the claim, not a class or a CEL expression.
+    result = diagnose(state(node("a", "H100", gpus=1)), claim([request_]))
+    assert (result.category, result.scheduler_message) == (
+        "unsupported",
+        f'running "DynamicResources" filter plugin: {message}',
+    )
+    assert "feature gate" in result.suggestions[0]
+
+
+def test_a_missing_class_is_reported_before_a_selector_of_an_unknown_type() -> None:
+    # The allocator looks the class up before it reads the selectors.
+    request_ = {"name": "gpu", "exactly": {"deviceClassName": "gpu.example.com", "selectors": [{}]}}
+    result = diagnose(state(node("a", "H100", gpus=1)), claim([request_]))
+    assert result.category == "class-missing"
+
+
 def test_a_claim_constraint_the_devices_cannot_meet_aborts_as_a_constraint() -> None:
     # All mode must take every matching device, and no two GPUs share a uuid.
     constraint = {"requests": ["gpu"], "matchAttribute": "gpu.nvidia.com/uuid"}

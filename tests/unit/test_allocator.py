@@ -4,7 +4,7 @@ import copy
 
 import pytest
 
-from claims.allocator import Features, FleetSnapshot, allocate, schedule_pod
+from claims.allocator import UNSUPPORTED, Features, FleetSnapshot, allocate, schedule_pod
 from simulator import nvidia as nv
 
 DRIVER = "dra.example.com"
@@ -321,6 +321,7 @@ def test_capacity_requests_need_the_feature():
     )
     assert result.kind == "error"
     assert "has capacity requests, but the DRAConsumableCapacity feature is disabled" in result.message
+    assert result.reason == UNSUPPORTED  # a gate off is the cluster's version, not the claim's CEL
 
 
 def test_all_mode_takes_every_matching_device_and_needs_at_least_one():
