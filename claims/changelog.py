@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +48,7 @@ class Gap(Exception):
 
 
 _local: dict[str, list[tuple[int, dict[str, Any]]]] = {}  # (number, event)
+_local_lock = threading.Lock()
 _counts: dict[str, int] = {}
 
 
@@ -79,9 +81,10 @@ def redis_client(url: str) -> Any:
 def append(cluster: str, event: dict[str, Any]) -> None:
     client = _client()
     if client is None:
-        _counts[cluster] = _counts.get(cluster, 0) + 1
-        _local.setdefault(cluster, []).append((_counts[cluster], event))
-        del _local[cluster][:-MAX_EVENTS]
+        with _local_lock:
+            number = _counts[cluster] = _counts.get(cluster, 0) + 1
+            _local.setdefault(cluster, []).append((number, event))
+            del _local[cluster][:-MAX_EVENTS]
         return
     client.eval(_APPEND, 2, *_keys(cluster), orjson.dumps(event), MAX_EVENTS)
 
@@ -90,7 +93,8 @@ def position(cluster: str) -> Position:
     """Where the log of ``cluster`` ends now: read it before loading the fleet, then apply what follows."""
     client = _client()
     if client is None:
-        return Position("0-0", _counts.get(cluster, 0))
+        with _local_lock:
+            return Position("0-0", _counts.get(cluster, 0))
     entry, number = client.eval(_POSITION, 2, *_keys(cluster))
     return Position(entry.decode() if isinstance(entry, bytes) else str(entry), int(number))
 
@@ -100,8 +104,9 @@ def read(cluster: str, after: Position) -> tuple[list[tuple[int, dict[str, Any]]
     some were dropped."""
     client = _client()
     if client is None:
-        kept = _local.get(cluster, [])
-        now = _counts.get(cluster, 0)
+        with _local_lock:  # the count and the list together: ingest threads append meanwhile
+            kept = list(_local.get(cluster, []))
+            now = _counts.get(cluster, 0)
         if now > after.number and (not kept or kept[0][0] > after.number + 1):
             raise Gap(cluster)
         return [(n, e) for n, e in kept if n > after.number], Position("0-0", now)

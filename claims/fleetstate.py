@@ -581,8 +581,8 @@ def _share_named(values: Any, shared: dict[Any, Any]) -> Any:
     if not isinstance(values, dict):
         return share_values(values, shared)
     out = {}
-    # The key of the whole dict (as _flat makes it), built on the way: a generator and a call per
-    # value were a fifth of a slices load.
+    # The key of the whole dict, the tuple _flat would make of ``out``, built while its values are shared
+    # rather than in a second walk.
     flat: list[Any] = ["{}"]
     whole = True  # every value shared: the dict itself can be
     for name, value in values.items():
@@ -631,22 +631,23 @@ def _shared(value: Any, shared: dict[Any, Any]) -> tuple[Any, bool]:
         return shared.setdefault(("[]", *(_ref(v) for v in items)), items), True
     if isinstance(value, dict):
         if len(value) == 1:
-            # The usual leaf ({"value": "10Gi"}: a dynamic-MIG device's 15 counters), keyed as below
-            # without a call per part: half of the calls of a slices load.
+            # The usual leaf ({"value": "10Gi"}: a dynamic-MIG device's 15 counters) looked up without a
+            # call per part, by the key the general path below gives it (and _share_named's fast path).
+            # A plain copy: it may be a free-form map (a node selector), whose keys must not make layouts.
             ((k, v),) = value.items()
             if type(v) in _PLAIN:
                 key1 = (k, type(v), v)
                 found = shared.get(key1)
                 if found is None:
-                    found = shared[key1] = keyshared(value)
+                    found = shared[key1] = {k: v}
                 return found, True
         parts_of = {k: _shared(v, shared) for k, v in value.items()}
         out = {k: v for k, (v, _) in parts_of.items()}
         if not all(one for _, one in parts_of.values()):
             return out, False
         if not any(isinstance(v, dict | list) for v in out.values()):
-            # A dict of plain values keyed by them; one of one entry as the fast path of _share_named
-            # keys it, so both find the same copy.
+            # A dict of plain values keyed by them; one of one entry (here only {k: None}) as the fast
+            # paths key it, so all find the same copy.
             entries = tuple((k, type(v), v) for k, v in out.items())
             key: tuple[Any, ...] = entries[0] if len(entries) == 1 else entries
         else:

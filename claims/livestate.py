@@ -194,9 +194,10 @@ class LiveFleet:
     # reads them as sums and sets (claims.allocator.baseline).
     allocated_claims: dict[Key, Obj] = field(default_factory=dict, repr=False)
     # Per kind, the number of the last change event logged before the kind was last read whole: what that
-    # read saw includes every event up to it (an event is logged after its batch commits). An initial sync
-    # logs one relist per kind while the first load runs (minutes at XL); without this, the update after
-    # it read every kind whole again, though most had been read after their relist committed.
+    # read saw includes every event up to it, because an event is logged after its batch commits and the
+    # read runs outside a transaction, at read committed, so its snapshot is taken after the number.
+    # An initial sync logs one relist per kind while the first load runs (minutes at XL): this keeps the
+    # update after the load from reading whole again the kinds the load read after their relist.
     read_at: dict[str, int] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -359,7 +360,7 @@ class LiveFleet:
         written: dict[str, set[Key]] = {}
         reloaded = False
         numbered = list(events)
-        last = numbered[-1][0] if numbered else 0
+        last = max((number for number, _ in numbered), default=0)
         for number, event in numbered:
             kind = str(event.get("kind", ""))
             # Already in what the kind's last whole read saw (an import: in what every kind's did).

@@ -498,7 +498,9 @@ def _at(now: str | None) -> datetime:
 def _recompute(cluster: str, now: str | None) -> dict[str, int]:
     at = _at(now)
     forget(cluster)
-    position = changelog.position(cluster)  # before the load: what follows it is applied (twice is harmless)
+    # Before the load: what follows it is applied (twice is harmless), unless the load read its kind after
+    # it was logged (LiveFleet.read_at).
+    position = changelog.position(cluster)
     # Loading and indexing create ~10^7 long-lived objects: the collector would walk them over and over.
     with cyclic_gc_paused():
         try:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import copy
 import gc
 import json
 import os
+import sys
 import weakref
 from collections.abc import Iterator
 from io import StringIO
@@ -19,6 +21,7 @@ from django.db import connection
 from claims import fleetstate, tasks
 from claims.diagnosis import diagnose, diagnose_name
 from claims.fleetstate import FleetState, decode_json, lean_object, share_values, shared_more_than_once
+from claims.keyshared import keyshared
 from claims.livestate import LiveFleet
 from fleet.models import ResourceClaim, ResourceSlice
 
@@ -345,6 +348,24 @@ def test_a_relist_read_whole_keeps_only_values_held_twice(imported: None) -> Non
     assert live.shared.keys() == kept
 
 
+def test_both_ways_of_sharing_a_dict_find_the_same_copies() -> None:
+    # _share_named (a device's attributes and capacity) and share_values (everything else) key a value
+    # alike: an equal value met through either is the one object already held.
+    attributes = {"productName": {"string": "NVIDIA H100"}, "memory": {"value": "80Gi"}, "n": {"int": 7}}
+    shared: dict[Any, Any] = {}
+    named = fleetstate._share_named(copy.deepcopy(attributes), shared)
+    general = share_values(copy.deepcopy(attributes), shared)
+    assert named == general == attributes and named is general
+    assert all(named[k] is general[k] for k in attributes)
+    other: dict[Any, Any] = {}
+    leaf = share_values({"value": "80Gi"}, other)
+    assert fleetstate._share_named({"memory": {"value": "80Gi"}}, other)["memory"] is leaf
+    # A plain copy, not a key-shared one: the leaf may be a free-form map, whose keys must not make layouts.
+    assert sys.getsizeof(leaf) == sys.getsizeof({"value": "80Gi"}) != sys.getsizeof(keyshared({"value": "1"}))
+    nested = {"counters": {"memory": {"value": "1"}}, "name": {"string": "x"}}
+    assert fleetstate._share_named(copy.deepcopy(nested), other) is share_values(copy.deepcopy(nested), other)
+
+
 def test_events_a_whole_read_of_their_kind_already_saw_are_not_applied_again(
     imported: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -537,13 +558,26 @@ def test_stored_json_decodes_like_json_loads_even_beyond_64_bits() -> None:
     assert decode_json('{"s": "a\\ud800b"}') == {"s": "a\ud800b"}  # a lone surrogate, escaped
     assert decode_json('["a\ud800"]') == ["a\ud800"]  # one unescaped: not UTF-8, so json decodes it
     assert decode_json('{"s": "\u0661\u0662"}') == {"s": "\u0661\u0662"}  # non-ASCII digits: a string
-    # 18 digits and a 19-digit run split by a non-digit are exact in orjson; 19 in a row go to json.
-    assert decode_json("[123456789012345678, 1234567890.123456789]") == [
-        123456789012345678,
-        1234567890.123456789,
-    ]
-    assert decode_json("[-9999999999999999999]") == [-9999999999999999999]
     assert decode_json(None) is None
+
+
+def test_only_a_run_of_19_ascii_digits_sends_the_text_to_json(monkeypatch: pytest.MonkeyPatch) -> None:
+    # orjson turns an integer beyond 64 bits into a float: such a text must be decoded by json, and
+    # nothing else should (orjson is several times faster).
+    by_json: list[str] = []
+    original = fleetstate.json.loads
+
+    def spy(text: str) -> Any:
+        by_json.append(text)
+        return original(text)
+
+    monkeypatch.setattr(fleetstate.json, "loads", spy)
+    for text in ("[123456789012345678, 1234567890.123456789]", '["\u0661\u0662\u0663"]', '{"a": "x1"}'):
+        assert decode_json(text) == original(text)
+    assert by_json == []
+    assert decode_json("[-9999999999999999999]") == [-9999999999999999999]
+    assert decode_json('{"n": 1234567890123456789}') == {"n": 1234567890123456789}
+    assert by_json == ["[-9999999999999999999]", '{"n": 1234567890123456789}']
 
 
 @pytest.fixture
