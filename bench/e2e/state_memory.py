@@ -6,11 +6,12 @@ resident set after each stage, on the database ``load_fleet.py`` (or ``bench_e2e
 
 Stages: the lean objects (``LiveFleet.load``, with the seconds each kind took to read), the per-pool
 device rows (``state.devices()``), the holders and pod indexes, ``prepare`` (the per-fleet context), every
-pending claim diagnosed; then the state released and the fleet dropped. With ``whatif``, instead: one what-if as the web process answers it
-(``FleetState.from_db(lean=True)``, then one pending claim diagnosed), and the same on the whole fleet
-(``lean=False``, as before the what-if went lean), each in a fresh process, with its peak. The baseline is
-the code before a change, run on the same database (``cd`` into a worktree of it: the code is imported
-from the current directory). Prints the load average with every figure.
+pending claim diagnosed; then the state released and the fleet dropped. With ``whatif``, instead: one
+what-if as the web process answers it (``FleetState.from_db(lean=True)``, then one pending claim
+diagnosed), and the same on the whole fleet (``lean=False``, as before the what-if went lean), each in a
+fresh process, with its peak. The baseline is the code before a change, run on the same database (``cd``
+into a worktree of it: the code is imported from the current directory). Prints the load average with
+every figure.
 """
 
 from __future__ import annotations
