@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from claims.allocator import MAX_RESULTS, allocate
+from claims.allocator import MAX_RESULTS, UNSUPPORTED, AllocationResult, allocate
 from claims.cel import CelCompileError, compile_selector
 from claims.diagnosis.analysis import analyze, summarize
 from claims.diagnosis.binding import binding_suggestion, binding_waits
@@ -16,7 +16,7 @@ from claims.diagnosis.groups import Context, summary_key
 from claims.diagnosis.placement import fits_diagnosis, invalid_pools, place, pod_nodes
 from claims.diagnosis.requests import Req, claim_from, make_req, requests_of, selector_texts
 from claims.diagnosis.result import Diagnosis, Obj
-from claims.diagnosis.wording import UNSUPPORTED_FIX, error_diagnosis, unschedulable
+from claims.diagnosis.wording import error_diagnosis, unschedulable
 from claims.fleetstate import FleetState, claim_results, klog
 from claims.lint import Finding, lint_object, published_names
 from fleet.normalize import claim_as_v1, unsupported_api_version
@@ -144,13 +144,12 @@ def _diagnose_pod(state: FleetState, pod: Obj) -> Diagnosis:
     return _diagnose_claim(state, pending[0], pod, lint_object(pending[0], state), others=pending[1:])
 
 
-def unknown_shape(claim: Obj, state: FleetState) -> str:
+def unknown_shape(claim: Obj, classes: dict[str, Obj]) -> str:
     """The allocator's abort message, in its words, when the first request it would stop at is of a
     shape it does not know (a request type, a missing class name, a selector without CEL); "" when there
     is none, or when that request's class is missing (the class check reports it, as the allocator
-    does)."""
+    does). ``classes``: the fleet's device classes by name."""
     name = klog(claim)
-    classes = {str((c.get("metadata") or {}).get("name", "")): c for c in state.objects["DeviceClass"]}
     for request, alternatives in zip(
         ((claim.get("spec") or {}).get("devices") or {}).get("requests") or [],
         requests_of(claim),
@@ -165,10 +164,8 @@ def unknown_shape(claim: Obj, state: FleetState) -> str:
             if spec["deviceClassName"] not in classes:
                 return ""
             class_spec = classes[spec["deviceClassName"]].get("spec") or {}
-            for texts in (
-                selector_texts(spec),
-                selector_texts(class_spec),
-            ):  # the request's, then its class's
+            # The request's selectors, then its class's, numbered each from 0 as the allocator does.
+            for texts in (selector_texts(spec), selector_texts(class_spec)):
                 for i, text in enumerate(texts):
                     if not text:
                         return f"{where}, selector #{i}: CEL expression empty (unsupported selector type?)"
@@ -194,25 +191,23 @@ def _diagnose_claim(
             base.summary += " Binding conditions pending: " + "; ".join(waits) + "."
             base.suggestions = binding_suggestion(waits)
         return base
+    classes = {str((c.get("metadata") or {}).get("name", "")): c for c in state.objects["DeviceClass"]}
     # 0. shapes the allocator does not know (written for a newer API): it aborts on them, and the checks
     # below would read them as a missing class or a selector that does not compile
-    unknown = unknown_shape(claim, state)
+    unknown = unknown_shape(claim, classes)
     if unknown:
-        base.category = "unsupported"
-        base.summary = f"Scheduling aborts (SchedulerError): {unknown}."
-        base.scheduler_message = f'running "DynamicResources" filter plugin: {unknown}'
-        base.suggestions = [UNSUPPORTED_FIX]
-        return base
-    # 1. compile errors (the apiserver would reject the claim; a stored one aborts scheduling)
+        aborted = AllocationResult(ok=False, kind="error", message=unknown, reason=UNSUPPORTED)
+        return error_diagnosis(base, claim, aborted, [])
+    # 1. compile errors (the apiserver would reject the claim; a stored one aborts scheduling). An empty
+    # expression is a selector without CEL behind a missing class: step 2 reports the class first.
     for f in findings:
-        if f.code == "cel-compile" and f.expression:  # an empty one: a selector type step 0 did not reach
+        if f.code == "cel-compile" and f.expression:
             base.category = "cel-error"
             base.summary = f"Selector of request {f.where} does not compile: {f.message.splitlines()[0]}"
             base.requests = [{"name": f.where, "expression": f.expression, "error": f.message}]
             base.suggestions = [f.suggestion] if f.suggestion else []
             return base
     # 2. classes
-    classes = {str((c.get("metadata") or {}).get("name", "")): c for c in state.objects["DeviceClass"]}
     requests = requests_of(claim)
     for alternatives in requests:
         for item in alternatives:

@@ -24,6 +24,13 @@ from claims.diagnosis.result import ALLOCATED, CAPACITY, COUNTERS, FREE, POOL, S
 from claims.fleetstate import DeviceInfo, DeviceKey, klog
 from fleet.taint_rules import rules_named
 
+# What to do about an abort of reason UNSUPPORTED.
+UNSUPPORTED_FIX = (
+    "Turn on the scheduler's feature gate for what the claim uses (DRAAdminAccess, DRAPrioritizedList, "
+    "DRAConsumableCapacity), or write the claim with only what this cluster's resource.k8s.io version "
+    "knows."
+)
+
 
 def error_diagnosis(
     base: Diagnosis, claim: Obj, result: AllocationResult, analyses: list[list[Analysis]]
@@ -84,13 +91,6 @@ def error_diagnosis(
     base.category = categories[reason]
     base.summary = f"Scheduling aborts (SchedulerError): {message}."
     return base
-
-
-UNSUPPORTED_FIX = (
-    "Turn on the scheduler's feature gate for what the claim uses (DRAAdminAccess, DRAPrioritizedList, "
-    "DRAConsumableCapacity), or write the claim with only what this cluster's resource.k8s.io version "
-    "knows."
-)
 
 
 def _fmt_groups(groups: Iterable[Group]) -> str:

@@ -370,7 +370,7 @@ def test_events_a_whole_read_of_their_kind_already_saw_are_not_applied_again(
     imported: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The load takes the log's number before reading each kind: what was logged up to it is in what it
-    # read. Reading a kind whole again for such an event doubled the first update after a sync.
+    # read, and reading the kind whole again for such an event would read it twice.
     from claims import livestate
 
     marks = iter(range(10, 10 + len(livestate.READ)))  # the slices read after event 10, classes 11, ...
