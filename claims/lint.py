@@ -98,7 +98,21 @@ def _count(spec: Obj) -> int:
 
 
 def lint_selector(expression: str, where: str, state: FleetState | None) -> list[Finding]:
-    """Findings for one CEL selector."""
+    """Findings for one CEL selector ("" for a selector without CEL)."""
+    if not expression:
+        # A selector of a type this API version does not know (written for a newer one): the allocator
+        # aborts on it in these words. Compiling "" would call it a syntax error at the end of input.
+        return [
+            Finding(
+                "selector-unsupported",
+                "error",
+                where,
+                "CEL expression empty (unsupported selector type?)",
+                "",
+                "resource.k8s.io/v1 knows only CEL selectors: write it as cel.expression, "
+                "or for the cluster's version.",
+            )
+        ]
     try:
         selector = compile_selector(expression)
     except CelCompileError as exc:

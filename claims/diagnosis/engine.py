@@ -198,10 +198,9 @@ def _diagnose_claim(
     if unknown:
         aborted = AllocationResult(ok=False, kind="error", message=unknown, reason=UNSUPPORTED)
         return error_diagnosis(base, claim, aborted, [])
-    # 1. compile errors (the apiserver would reject the claim; a stored one aborts scheduling). An empty
-    # expression is a selector without CEL behind a missing class: step 2 reports the class first.
+    # 1. compile errors (the apiserver would reject the claim; a stored one aborts scheduling)
     for f in findings:
-        if f.code == "cel-compile" and f.expression:
+        if f.code == "cel-compile":
             base.category = "cel-error"
             base.summary = f"Selector of request {f.where} does not compile: {f.message.splitlines()[0]}"
             base.requests = [{"name": f.where, "expression": f.expression, "error": f.message}]

@@ -85,3 +85,12 @@ def test_device_class_selectors_are_linted() -> None:
     )
     findings = lint_object(cls, FLEET)
     assert [(f.code, f.where) for f in findings] == [("unknown-attribute", "selector #1")]
+
+
+def test_a_selector_without_cel_is_an_unsupported_selector_in_the_allocators_words() -> None:
+    request = nvidia.exactly_request("gpu", "gpu.nvidia.com", 1, [])
+    request["exactly"]["selectors"] = [{"future": {"expression": "x"}}]
+    [finding] = lint_object(nvidia.claim_template("team", "t", [request]), FLEET)
+    assert (finding.code, finding.severity) == ("selector-unsupported", "error")
+    assert finding.message == "CEL expression empty (unsupported selector type?)"
+    assert "Syntax error" not in finding.message
