@@ -71,7 +71,7 @@ def request_detail(state: FleetState, a: Analysis) -> Obj:
     return {
         "name": a.req.name,
         "device_class": a.req.class_name,
-        "count": "All" if a.req.all_mode else a.req.count,
+        "count": _count_text(a.req),
         "selectors": [s.expression for s in a.req.selectors],
         "matching": a.matching,
         "free": a.count(FREE),
@@ -80,3 +80,12 @@ def request_detail(state: FleetState, a: Analysis) -> Obj:
         "holders_total": len(every),
         "idle_bigger_mig": dict(a.fragment_idle),
     }
+
+
+def _count_text(req: Req) -> int | str:
+    """What a request asks for: its count, "All", or a mode this API version does not know (named, not
+    shown as a count of 0)."""
+    mode = req.spec.get("allocationMode") or "ExactCount"
+    if mode == "ExactCount":
+        return req.count
+    return "All" if req.all_mode else f"{mode} (unsupported)"

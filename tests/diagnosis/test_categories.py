@@ -440,3 +440,12 @@ def test_odd_allocation_results_and_device_statuses_never_stop_the_binding_check
     claim["status"]["devices"] = "not a list"
     result["bindingConditions"] = "ready"  # not a list: nothing to wait for
     assert binding_waits(claim) == []
+
+
+def test_a_request_of_an_unknown_mode_is_shown_with_its_mode_not_a_count_of_zero() -> None:
+    result = diagnose(state(node("a", "H100", gpus=1)), claim([gpu(allocation_mode="AtLeast", count=2)]))
+    assert result.category == "unsupported"
+    [request] = [r for r in result.requests if "groups" in r]
+    assert request["count"] == "AtLeast (unsupported)"
+    exact = diagnose(state(node("a", "H100", gpus=1)), claim([gpu(count=2)]))
+    assert [r["count"] for r in exact.requests if "groups" in r] == [2]
