@@ -2,6 +2,7 @@ import copy
 import json
 import threading
 
+import orjson
 import pytest
 from django.db import OperationalError, connection, transaction
 from django.db.models import JSONField
@@ -295,6 +296,11 @@ def test_rows_are_prepared_as_djangos_fields_would_prepare_them(cluster):
 
 def test_json_that_orjson_refuses_is_encoded_like_the_standard_library():
     assert json.loads(ingest.sql.json_text({"big": 2**70, "k": {1: "x"}})) == {"big": 2**70, "k": {"1": "x"}}
+
+
+@pytest.mark.parametrize("value", [[], {}, None, 0, "", False, [[]], {"": {}}])
+def test_empty_and_falsy_json_values_get_the_text_orjson_gives_them(value):
+    assert ingest.sql.json_text(value) == orjson.dumps(value).decode()
 
 
 def _mirrored(model, cluster):
