@@ -145,30 +145,38 @@ def _diagnose_pod(state: FleetState, pod: Obj) -> Diagnosis:
 
 
 def unknown_shape(claim: Obj, classes: dict[str, Obj]) -> str:
-    """The allocator's abort message, in its words, when the first request it would stop at is of a
-    shape it does not know (a request type, a missing class name, a selector without CEL); "" when there
-    is none, or when that request's class is missing (the class check reports it, as the allocator
-    does). ``classes``: the fleet's device classes by name."""
+    """The scheduler's abort message, in its words, when the claim has a shape this version does not know
+    (a request type, a request without a class, a selector without CEL); "" when there is none, or when
+    a class is missing first (the class check reports it). ``classes``: the fleet's device classes by
+    name.
+
+    In the scheduler's order: its PreFilter checks every request's type and classes, request by request
+    (kube-scheduler's ``DynamicResources.PreFilter``, ``validateDeviceClass``), before the allocator reads
+    any selector."""
     name = klog(claim)
-    for request, alternatives in zip(
-        ((claim.get("spec") or {}).get("devices") or {}).get("requests") or [],
-        requests_of(claim),
-        strict=True,
-    ):
+    requests = ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []
+    every = requests_of(claim)
+    for request, alternatives in zip(requests, every, strict=True):
         if not request.get("exactly") and not request.get("firstAvailable"):
             return f"resource claim {name}, request {request.get('name', '')}: unknown request type"
         for item in alternatives:
-            spec, where = item["spec"], f"claim {name}, request {item['name']}"
-            if not spec.get("deviceClassName"):
-                return f"{where}: missing device class name (unsupported request type?)"
-            if spec["deviceClassName"] not in classes:
+            class_name = item["spec"].get("deviceClassName")
+            if not class_name:
+                return f"request {item['name']}: unsupported request type"
+            if class_name not in classes:
                 return ""
+    for alternatives in every:
+        for item in alternatives:
+            spec = item["spec"]
             class_spec = classes[spec["deviceClassName"]].get("spec") or {}
             # The request's selectors, then its class's, numbered each from 0 as the allocator does.
             for texts in (selector_texts(spec), selector_texts(class_spec)):
                 for i, text in enumerate(texts):
                     if not text:
-                        return f"{where}, selector #{i}: CEL expression empty (unsupported selector type?)"
+                        return (
+                            f"claim {name}, request {item['name']}, selector #{i}: "
+                            "CEL expression empty (unsupported selector type?)"
+                        )
     return ""
 
 

@@ -359,10 +359,7 @@ def test_an_abort_is_categorized_by_its_reason_whatever_the_claim_is_named(name:
     ("request_", "message"),
     [
         ({"name": "gpu"}, "resource claim team/want, request gpu: unknown request type"),
-        (
-            {"name": "gpu", "exactly": {"count": 1}},
-            "claim team/want, request gpu: missing device class name (unsupported request type?)",
-        ),
+        ({"name": "gpu", "exactly": {"count": 1}}, "request gpu: unsupported request type"),
         (
             {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "selectors": [{"other": {}}]}},
             "claim team/want, request gpu, selector #0: CEL expression empty (unsupported selector type?)",
@@ -383,10 +380,16 @@ def test_a_request_of_a_shape_the_allocator_does_not_know_aborts_as_unsupported(
 
 
 def test_a_missing_class_is_reported_before_a_selector_of_an_unknown_type() -> None:
-    # The allocator looks the class up before it reads the selectors.
+    # The scheduler's PreFilter checks every request's class before the allocator reads any selector,
+    # the selectors of an earlier request included.
     request_ = {"name": "gpu", "exactly": {"deviceClassName": "gpu.example.com", "selectors": [{}]}}
     result = diagnose(state(node("a", "H100", gpus=1)), claim([request_]))
     assert result.category == "class-missing"
+    first = {"name": "a", "exactly": {"deviceClassName": "gpu.nvidia.com", "selectors": [{}]}}
+    second = {"name": "b", "exactly": {"deviceClassName": "gpu.example.com"}}
+    result = diagnose(state(node("a", "H100", gpus=1)), claim([first, second]))
+    assert result.category == "class-missing"
+    assert result.scheduler_message == "request b: device class gpu.example.com does not exist"
 
 
 def test_a_claim_constraint_the_devices_cannot_meet_aborts_as_a_constraint() -> None:
