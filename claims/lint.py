@@ -109,8 +109,8 @@ def lint_selector(expression: str, where: str, state: FleetState | None) -> list
                 where,
                 "CEL expression empty (unsupported selector type?)",
                 "",
-                "resource.k8s.io/v1 knows only CEL selectors: write it as cel.expression, "
-                "or for the cluster's version.",
+                "resource.k8s.io/v1 knows only CEL selectors: write it as cel.expression, or write the "
+                "claim for the cluster's resource.k8s.io version.",
             )
         ]
     try:

@@ -63,10 +63,10 @@ def unavailable_devices(
     This is the partitionable-device (dynamic MIG) rule of the allocator: a partition and its full GPU
     draw on the same counter set, so allocating one blocks the overlapping others.
     """
-    # A consumption's counters parsed once per object: devices read from one place share equal
-    # consumptions (the L fleet's 105,604 devices have ~200), and parsing each counter of each device
-    # was most of this rule's time. Keyed by id: every consumption stays referenced by ``devices``
-    # until this returns, so no id is reused meanwhile.
+    # A consumption's counters parsed once per object: the read model's recompute shares equal
+    # consumptions among its devices (``gpu_state._device_dicts``: the L fleet's 105,604 devices have
+    # ~200), and parsing each counter of each device was most of this rule's time there. Keyed by id:
+    # every consumption stays referenced by ``devices`` until this returns, so no id is reused meanwhile.
     parsed: dict[int, tuple[str, tuple[tuple[str, int], ...]]] = {}
 
     def needs(consumption: dict[str, Any]) -> tuple[str, tuple[tuple[str, int], ...]]:

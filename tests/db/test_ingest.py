@@ -1,3 +1,4 @@
+import collections
 import copy
 import json
 import threading
@@ -298,7 +299,9 @@ def test_json_that_orjson_refuses_is_encoded_like_the_standard_library():
     assert json.loads(ingest.sql.json_text({"big": 2**70, "k": {1: "x"}})) == {"big": 2**70, "k": {"1": "x"}}
 
 
-@pytest.mark.parametrize("value", [[], {}, None, 0, "", False, [[]], {"": {}}])
+@pytest.mark.parametrize(
+    "value", [[], {}, None, 0, "", False, (), collections.OrderedDict(), collections.defaultdict(list)]
+)
 def test_empty_and_falsy_json_values_get_the_text_orjson_gives_them(value):
     assert ingest.sql.json_text(value) == orjson.dumps(value).decode()
 

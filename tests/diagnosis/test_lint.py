@@ -92,5 +92,7 @@ def test_a_selector_without_cel_is_an_unsupported_selector_in_the_allocators_wor
     request["exactly"]["selectors"] = [{"future": {"expression": "x"}}]
     [finding] = lint_object(nvidia.claim_template("team", "t", [request]), FLEET)
     assert (finding.code, finding.severity) == ("selector-unsupported", "error")
-    assert finding.message == "CEL expression empty (unsupported selector type?)"
-    assert "Syntax error" not in finding.message
+    assert (finding.where, finding.message) == (
+        "gpu selector #0",
+        "CEL expression empty (unsupported selector type?)",
+    )
