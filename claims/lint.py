@@ -16,6 +16,7 @@ import re
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from claims.allocator.requests import SELECTOR_WITHOUT_CEL
 from claims.cel import CelCompileError, compile_selector, parse_qualified_name
 
 if TYPE_CHECKING:
@@ -107,7 +108,7 @@ def lint_selector(expression: str, where: str, state: FleetState | None) -> list
                 "selector-unsupported",
                 "error",
                 where,
-                "CEL expression empty (unsupported selector type?)",
+                SELECTOR_WITHOUT_CEL,
                 "",
                 "resource.k8s.io/v1 knows only CEL selectors: write it as cel.expression, or write the "
                 "claim for the cluster's resource.k8s.io version.",

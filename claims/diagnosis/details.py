@@ -88,4 +88,4 @@ def _count_text(req: Req) -> int | str:
     mode = req.spec.get("allocationMode") or "ExactCount"
     if mode == "ExactCount":
         return req.count
-    return "All" if req.all_mode else f"{mode} (unsupported)"
+    return mode if req.all_mode else f"{mode} (unsupported)"

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from claims.allocator import MAX_RESULTS, UNSUPPORTED, AllocationResult, allocate
+from claims.allocator.requests import SELECTOR_WITHOUT_CEL
 from claims.cel import CelCompileError, compile_selector
 from claims.diagnosis.analysis import analyze, summarize
 from claims.diagnosis.binding import binding_suggestion, binding_waits
@@ -173,10 +174,7 @@ def unknown_shape(claim: Obj, classes: dict[str, Obj]) -> str:
             for texts in (selector_texts(spec), selector_texts(class_spec)):
                 for i, text in enumerate(texts):
                     if not text:
-                        return (
-                            f"claim {name}, request {item['name']}, selector #{i}: "
-                            "CEL expression empty (unsupported selector type?)"
-                        )
+                        return f"claim {name}, request {item['name']}, selector #{i}: {SELECTOR_WITHOUT_CEL}"
     return ""
 
 
@@ -200,7 +198,7 @@ def _diagnose_claim(
             base.suggestions = binding_suggestion(waits)
         return base
     classes = {str((c.get("metadata") or {}).get("name", "")): c for c in state.objects["DeviceClass"]}
-    # 0. shapes the allocator does not know (written for a newer API): it aborts on them, and the checks
+    # 0. shapes the scheduler does not know (written for a newer API): it aborts on them, and the checks
     # below would read them as a missing class or a selector that does not compile
     unknown = unknown_shape(claim, classes)
     if unknown:

@@ -369,8 +369,9 @@ def test_an_abort_is_categorized_by_its_reason_whatever_the_claim_is_named(name:
 def test_a_request_of_a_shape_the_allocator_does_not_know_aborts_as_unsupported(
     request_: dict[str, object], message: str
 ) -> None:
-    # Written for a newer API (a request or selector type this version drops): the allocator aborts with
-    # these words; the fix is the cluster's version or the claim, not a class or a CEL expression.
+    # Written for a newer API (a request or selector type this version drops): the scheduler (its
+    # PreFilter, then the allocator) aborts with these words; the fix is the cluster's version or the
+    # claim, not a class or a CEL expression.
     result = diagnose(state(node("a", "H100", gpus=1)), claim([request_]))
     assert (result.category, result.scheduler_message) == (
         "unsupported",
