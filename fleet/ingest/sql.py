@@ -79,8 +79,9 @@ def prep(model: type[models.Model], rows: list[dict[str, Any]]) -> tuple[list[st
 
     On PostgreSQL without Django's per-field ``get_db_prep_save`` (about a third of a large batch's time):
     every other column of the mirrored tables already holds what psycopg adapts itself (str, int, bool,
-    Decimal, aware datetime, None), and JSON columns become JSON text, which COPY and ``%s::jsonb`` take
-    as is. ``tests/db/test_ingest.py`` checks this against Django's preparation of the same rows."""
+    Decimal, aware datetime, None), and JSON columns become JSON text, which COPY and ``%s::jsonb`` (or
+    ``::json``) take as is. ``tests/db/test_ingest.py`` checks this against Django's preparation of the
+    same rows."""
     cols = _columns(model)
     if connection.vendor != "postgresql":
         db = connections[DEFAULT_DB_ALIAS]  # resolved once: the proxy costs a lookup per access
@@ -112,10 +113,15 @@ def _insert_sql(
 ) -> str:
     qn = connection.ops.quote_name
     table = qn(model._meta.db_table)
-    json_cols = {_columns(model).names[i] for i in _columns(model).json}
-    # JSON columns arrive as JSON text on PostgreSQL (see prep): say so, or it is taken as text.
-    cast = "::jsonb" if connection.vendor == "postgresql" else ""
-    row = "(" + ", ".join(f"%s{cast}" if c in json_cols else "%s" for c in columns) + ")"
+    cols = _columns(model)
+    # JSON columns arrive as JSON text on PostgreSQL (see prep): say so, or it is taken as text; in their
+    # own type (json or jsonb, fleet.models.TextJSONField), else the server converts each value.
+    casts = (
+        {cols.names[i]: f"::{cols.fields[i].db_type(connection)}" for i in cols.json}
+        if connection.vendor == "postgresql"
+        else dict.fromkeys((cols.names[i] for i in cols.json), "")
+    )
+    row = "(" + ", ".join(f"%s{casts[c]}" if c in casts else "%s" for c in columns) + ")"
     sql = (
         f"INSERT INTO {table} ({', '.join(qn(c) for c in columns)}) VALUES {', '.join([row] * n_rows)}"
         + conflict_sql(table, columns, conflict, fence, returning, keep)
