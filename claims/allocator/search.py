@@ -16,6 +16,7 @@ from claims.allocator.snapshot import (
     CLAIM_LIMIT,
     CONSTRAINT,
     DEFAULT_FEATURES,
+    FILTER_ERROR,
     MAX_RESULTS,
     POOL_UNUSABLE,
     UNSUPPORTED,
@@ -358,9 +359,7 @@ def schedule_pod(pod: Obj, claims: list[Obj], snapshot: FleetSnapshot) -> Schedu
         result = allocate(claims, name, snapshot)
         per_node[name] = result
         if result.kind == "error":
-            return ScheduleResult(
-                None, f'running "DynamicResources" filter plugin: {result.message}', {}, per_node
-            )
+            return ScheduleResult(None, FILTER_ERROR + result.message, {}, per_node)
     fitting = next((name for name in names if per_node[name].ok), None)
     if fitting is not None:
         return ScheduleResult(fitting, "", per_node[fitting].allocations, per_node)

@@ -222,6 +222,13 @@ CEL_RUNTIME, CLASS_MISSING, CONSTRAINT, POOL_UNUSABLE, CLAIM_LIMIT, UNSUPPORTED 
 )
 
 
+# kube-scheduler's words around a DynamicResources status that is an error, by extension point
+# (framework/runtime/framework.go, v1.37.2). An unschedulable status is the pod's reason as it is, which
+# the FitError puts after "0/N nodes are available: ".
+PREFILTER_ERROR = 'running PreFilter plugin "DynamicResources": '
+FILTER_ERROR = 'running "DynamicResources" filter plugin: '
+
+
 def is_allocated(claim: Obj) -> bool:
     """Whether ``claim`` has an allocation: the snapshot's allocated claims."""
     return bool((claim.get("status") or {}).get("allocation"))

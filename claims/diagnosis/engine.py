@@ -5,8 +5,16 @@ claim, a template or a pod) and :func:`diagnose_name`; they run the other module
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
-from claims.allocator import MAX_RESULTS, UNSUPPORTED, AllocationResult, allocate
+from claims.allocator import (
+    FILTER_ERROR,
+    MAX_RESULTS,
+    PREFILTER_ERROR,
+    UNSUPPORTED,
+    AllocationResult,
+    allocate,
+)
 from claims.allocator.requests import SELECTOR_WITHOUT_CEL
 from claims.cel import CelCompileError, compile_selector
 from claims.diagnosis.analysis import analyze, summarize
@@ -145,27 +153,45 @@ def _diagnose_pod(state: FleetState, pod: Obj) -> Diagnosis:
     return _diagnose_claim(state, pending[0], pod, lint_object(pending[0], state), others=pending[1:])
 
 
-def unknown_shape(claim: Obj, classes: dict[str, Obj]) -> str:
-    """The scheduler's abort message, in its words, when the claim has a shape this version does not know
-    (a request type, a request without a class, a selector without CEL); "" when there is none, or when
-    a class is missing first (the class check reports it). ``classes``: the fleet's device classes by
-    name.
+@dataclass(frozen=True)
+class UnknownShape:
+    """A claim shape this scheduler does not know, as it reports it: ``message`` its words, ``stage`` where
+    it stops (:data:`PREFILTER_UNSCHEDULABLE`, :data:`PREFILTER_ERROR`, :data:`FILTER_ERROR`)."""
+
+    message: str
+    stage: str
+
+    @property
+    def scheduler_message(self) -> str:
+        return self.message if self.stage == PREFILTER_UNSCHEDULABLE else self.stage + self.message
+
+
+# PreFilter's status for a request of no known type: UnschedulableAndUnresolvable, not an error. The pod
+# waits, with this message as its reason, until the claim changes.
+PREFILTER_UNSCHEDULABLE = ""
+
+
+def unknown_shape(claim: Obj, classes: dict[str, Obj]) -> UnknownShape | None:
+    """How the scheduler stops on a claim of a shape this version does not know (a request type, a request
+    without a class, a selector without CEL); None when there is none, or when a class is missing first
+    (the class check reports it). ``classes``: the fleet's device classes by name.
 
     In the scheduler's order: its PreFilter checks every request's type and classes, request by request
     (kube-scheduler's ``DynamicResources.PreFilter``, ``validateDeviceClass``), before the allocator reads
-    any selector."""
+    any selector in Filter."""
     name = klog(claim)
     requests = ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []
     every = requests_of(claim)
     for request, alternatives in zip(requests, every, strict=True):
         if not request.get("exactly") and not request.get("firstAvailable"):
-            return f"resource claim {name}, request {request.get('name', '')}: unknown request type"
+            message = f"resource claim {name}, request {request.get('name', '')}: unknown request type"
+            return UnknownShape(message, PREFILTER_UNSCHEDULABLE)
         for item in alternatives:
             class_name = item["spec"].get("deviceClassName")
             if not class_name:
-                return f"request {item['name']}: unsupported request type"
+                return UnknownShape(f"request {item['name']}: unsupported request type", PREFILTER_ERROR)
             if class_name not in classes:
-                return ""
+                return None
     for alternatives in every:
         for item in alternatives:
             spec = item["spec"]
@@ -174,8 +200,11 @@ def unknown_shape(claim: Obj, classes: dict[str, Obj]) -> str:
             for texts in (selector_texts(spec), selector_texts(class_spec)):
                 for i, text in enumerate(texts):
                     if not text:
-                        return f"claim {name}, request {item['name']}, selector #{i}: {SELECTOR_WITHOUT_CEL}"
-    return ""
+                        message = (
+                            f"claim {name}, request {item['name']}, selector #{i}: {SELECTOR_WITHOUT_CEL}"
+                        )
+                        return UnknownShape(message, FILTER_ERROR)
+    return None
 
 
 def _diagnose_claim(
@@ -202,8 +231,14 @@ def _diagnose_claim(
     # below would read them as a missing class or a selector that does not compile
     unknown = unknown_shape(claim, classes)
     if unknown:
-        aborted = AllocationResult(ok=False, kind="error", message=unknown, reason=UNSUPPORTED)
-        return error_diagnosis(base, claim, aborted, [])
+        aborted = AllocationResult(ok=False, kind="error", message=unknown.message, reason=UNSUPPORTED)
+        diagnosis = error_diagnosis(base, claim, aborted, [])
+        diagnosis.scheduler_message = unknown.scheduler_message
+        if unknown.stage == PREFILTER_UNSCHEDULABLE:
+            diagnosis.summary = (
+                f"The scheduler marks the pod UnschedulableAndUnresolvable: {unknown.message}."
+            )
+        return diagnosis
     # 1. compile errors (the apiserver would reject the claim; a stored one aborts scheduling)
     for f in findings:
         if f.code == "cel-compile":

@@ -12,6 +12,7 @@ from claims.allocator import (
     CLAIM_LIMIT,
     CLASS_MISSING,
     CONSTRAINT,
+    FILTER_ERROR,
     MAX_RESULTS,
     POOL_UNUSABLE,
     UNSUPPORTED,
@@ -38,7 +39,7 @@ def error_diagnosis(
     """The diagnosis of an attempt that aborts, by the allocator's reason (its message also holds names
     the user chose, which may read like another reason)."""
     message, reason = result.message, result.reason
-    base.scheduler_message = f'running "DynamicResources" filter plugin: {message}'
+    base.scheduler_message = FILTER_ERROR + message
     if reason == CEL_RUNTIME:
         base.category = "cel-error"
         key = re.search(r"no such key: (\S+?)(?:\.|$| )", message)

@@ -356,28 +356,37 @@ def test_an_abort_is_categorized_by_its_reason_whatever_the_claim_is_named(name:
 
 
 @pytest.mark.parametrize(
-    ("request_", "message"),
+    ("request_", "scheduler_message"),
     [
+        # PreFilter's UnschedulableAndUnresolvable status: the pod's reason as it is (kube-scheduler
+        # v1.37.2, DynamicResources.PreFilter's "unknown request type").
         ({"name": "gpu"}, "resource claim team/want, request gpu: unknown request type"),
-        ({"name": "gpu", "exactly": {"count": 1}}, "request gpu: unsupported request type"),
+        # PreFilter's error (validateDeviceClass), wrapped by the framework's PreFilter prefix.
+        (
+            {"name": "gpu", "exactly": {"count": 1}},
+            'running PreFilter plugin "DynamicResources": request gpu: unsupported request type',
+        ),
+        # The allocator's error in Filter, wrapped by the framework's Filter prefix.
         (
             {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "selectors": [{"other": {}}]}},
-            "claim team/want, request gpu, selector #0: CEL expression empty (unsupported selector type?)",
+            'running "DynamicResources" filter plugin: claim team/want, request gpu, selector #0: CEL '
+            "expression empty (unsupported selector type?)",
         ),
     ],
 )
-def test_a_request_of_a_shape_the_allocator_does_not_know_aborts_as_unsupported(
-    request_: dict[str, object], message: str
+def test_a_request_of_a_shape_the_allocator_does_not_know_is_unsupported_in_the_schedulers_words(
+    request_: dict[str, object], scheduler_message: str
 ) -> None:
     # Written for a newer API (a request or selector type this version drops): the scheduler (its
-    # PreFilter, then the allocator) aborts with these words; the fix is the cluster's version or the
+    # PreFilter, then the allocator) stops with these words; the fix is the cluster's version or the
     # claim, not a class or a CEL expression.
     result = diagnose(state(node("a", "H100", gpus=1)), claim([request_]))
-    assert (result.category, result.scheduler_message) == (
-        "unsupported",
-        f'running "DynamicResources" filter plugin: {message}',
-    )
+    assert (result.category, result.scheduler_message) == ("unsupported", scheduler_message)
     assert "feature gate" in result.suggestions[0]
+    # Only the errors abort the attempt; the unknown type leaves the pod unschedulable.
+    aborts = scheduler_message.startswith("running ")
+    assert result.summary.startswith("Scheduling aborts (SchedulerError): ") == aborts
+    assert result.summary.startswith("The scheduler marks the pod UnschedulableAndUnresolvable: ") != aborts
 
 
 def test_a_missing_class_is_reported_before_a_selector_of_an_unknown_type() -> None:
