@@ -78,3 +78,18 @@ def test_an_orm_update_writes_json(cluster):
         raw={"kind": "ResourceSlice", "b": [1, 2], "a": None}
     )
     assert ResourceSlice.objects.get(cluster=cluster).raw == {"kind": "ResourceSlice", "b": [1, 2], "a": None}
+
+
+@pytest.mark.parametrize("path", ["statements", "copy"])
+def test_an_annotation_holding_nul_is_stored(cluster, path):
+    """JSON may escape NUL (``\\u0000``), which ``jsonb`` refuses ("cannot be converted to text"): with
+    ``raw`` in ``jsonb`` such an annotation failed its whole batch. ``json`` keeps the text."""
+    obj = _slice(9, {"note": "before\x00after"})
+    record = normalize("ResourceSlice", obj)
+    if path == "copy":
+        ingest.replace_all(cluster, "ResourceSlice", [record], 9)
+    else:
+        ingest.apply_batch(cluster, "ResourceSlice", [Change("upsert", record)])
+    assert ResourceSlice.objects.get(cluster=cluster).raw["metadata"]["annotations"] == {
+        "note": "before\x00after"
+    }
