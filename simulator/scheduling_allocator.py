@@ -11,11 +11,10 @@ from collections import OrderedDict
 from itertools import chain
 from typing import Any
 
-from claims.allocator import FleetSnapshot, schedule_pod
+from claims.allocator import FILTER_ERROR, FleetSnapshot, schedule_pod
 from claims.cel import CelRuntimeError, DeviceView, device_view
 from simulator.scheduling import ClusterState, Decision, Obj
 
-SCHEDULER_ERROR_PREFIX = 'running "DynamicResources" filter plugin: '
 _MAX_VIEWS = 500_000
 _MAX_RESULTS = 200_000
 # The simulator never mutates an object it handed out (a change replaces it), so a device dict's identity
@@ -55,7 +54,7 @@ def allocator_schedule(pod: Obj, claims: list[Obj], state: ClusterState) -> Deci
     unallocated = [c for c in claims if not (c.get("status") or {}).get("allocation")]
     result = schedule_pod(pod, unallocated, snapshot)
     if result.node is None:
-        reason = "SchedulerError" if result.message.startswith(SCHEDULER_ERROR_PREFIX) else "Unschedulable"
+        reason = "SchedulerError" if result.message.startswith(FILTER_ERROR) else "Unschedulable"
         return Decision.failure(result.message, reason)
     return Decision.success(
         result.node,
