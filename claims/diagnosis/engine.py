@@ -155,19 +155,20 @@ def _diagnose_pod(state: FleetState, pod: Obj) -> Diagnosis:
 
 @dataclass(frozen=True)
 class UnknownShape:
-    """A claim shape this scheduler does not know, as it reports it: ``message`` its words, ``stage`` where
-    it stops (:data:`PREFILTER_UNSCHEDULABLE`, :data:`PREFILTER_ERROR`, :data:`FILTER_ERROR`)."""
+    """A claim shape this scheduler does not know, as it reports it: ``message`` its words, ``prefix`` the
+    framework's words around them for where it stops (:data:`PREFILTER_ERROR`, :data:`FILTER_ERROR`, or
+    :data:`PREFILTER_UNSCHEDULABLE`)."""
 
     message: str
-    stage: str
+    prefix: str
 
     @property
     def scheduler_message(self) -> str:
-        return self.message if self.stage == PREFILTER_UNSCHEDULABLE else self.stage + self.message
+        return self.prefix + self.message
 
 
-# PreFilter's status for a request of no known type: UnschedulableAndUnresolvable, not an error. The pod
-# waits, with this message as its reason, until the claim changes.
+# No prefix: PreFilter's status for a request of no known type is UnschedulableAndUnresolvable, not an
+# error. The pod waits, with this message as its reason, until the claim changes.
 PREFILTER_UNSCHEDULABLE = ""
 
 
@@ -227,14 +228,14 @@ def _diagnose_claim(
             base.suggestions = binding_suggestion(waits)
         return base
     classes = {str((c.get("metadata") or {}).get("name", "")): c for c in state.objects["DeviceClass"]}
-    # 0. shapes the scheduler does not know (written for a newer API): it aborts on them, and the checks
+    # 0. shapes the scheduler does not know (written for a newer API): it stops on them, and the checks
     # below would read them as a missing class or a selector that does not compile
     unknown = unknown_shape(claim, classes)
     if unknown:
         aborted = AllocationResult(ok=False, kind="error", message=unknown.message, reason=UNSUPPORTED)
         diagnosis = error_diagnosis(base, claim, aborted, [])
         diagnosis.scheduler_message = unknown.scheduler_message
-        if unknown.stage == PREFILTER_UNSCHEDULABLE:
+        if unknown.prefix == PREFILTER_UNSCHEDULABLE:
             diagnosis.summary = (
                 f"The scheduler marks the pod UnschedulableAndUnresolvable: {unknown.message}."
             )
